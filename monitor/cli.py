@@ -1,0 +1,220 @@
+"""The `fhmon` command line: serve, launch, keygen, probe, status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import trio
+
+from monitor import __version__, log
+from monitor import config as cfg
+from monitor import signing
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from monitor.server import Service
+
+    overrides: dict[str, Any] = {}
+    for key in ("socket", "key_dir", "allow", "socket_mode", "socket_owner", "socket_group",
+                "log_level", "metrics_address"):
+        value = getattr(args, key)
+        if value is not None:
+            overrides[key] = value
+    try:
+        if args.config:
+            config = cfg.apply(cfg.Config(), cfg.load_file(args.config), args.config)
+        elif not overrides.get("socket") and not overrides.get("key_dir"):
+            config = cfg.embedded_default(args.state_dir)
+            _prepare_embedded(config)
+        else:
+            config = cfg.Config()
+        config = cfg.finish(cfg.apply(config, overrides, "command line"))
+    except cfg.ConfigError as exc:
+        print(f"fhmon serve: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        sys.stdout.write(config.to_toml())
+        return 0
+    log.setup(config.log_level)
+    if os.geteuid() != 0:
+        print("fhmon serve: must run as root (it needs CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, "
+              "CAP_SETUID, CAP_SETGID)", file=sys.stderr)
+        return 2
+    try:
+        keys = signing.KeyRing.load(config.key_dir)
+    except signing.KeyDirError as exc:
+        print(f"fhmon serve: {exc}", file=sys.stderr)
+        return 2
+    service = Service(config, keys)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+                await nursery.start(service.serve)
+                async for sig in sigs:
+                    if sig == signal.SIGHUP:
+                        service.reload_keys()
+                        continue
+                    log.event("stopping", signal=signal.Signals(sig).name)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(main)
+    except Exception as exc:  # a start-up failure: say what and where
+        print(f"fhmon serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _prepare_embedded(config: cfg.Config) -> None:
+    """Plain `fhmon serve`: everything under one state dir, created on first use."""
+    base = config.state_dir
+    os.makedirs(base, mode=0o755, exist_ok=True)
+    os.makedirs(os.path.join(base, "shares"), mode=0o755, exist_ok=True)
+    if not os.path.isdir(config.key_dir) or not any(
+            n.endswith(".key") for n in os.listdir(config.key_dir)):
+        key_id = signing.keygen(config.key_dir)
+        print(f"fhmon: generated signing key {key_id:08x} in {config.key_dir}", file=sys.stderr)
+    print(f"fhmon: embedded default under {base}\n"
+          f"  socket:   {config.socket}\n"
+          f"  keys:     {config.key_dir}\n"
+          f"  allow:    {', '.join(config.allow)} (put shares there)\n"
+          f"  try:      fhmon launch --socket {config.socket} --share {base}/shares/NAME "
+          f"--user 65534 -- CMD", file=sys.stderr)
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    try:
+        key_id = signing.keygen(args.key_dir, make_signer=not args.no_sign)
+    except (OSError, signing.KeyDirError) as exc:
+        print(f"fhmon keygen: {exc}", file=sys.stderr)
+        return 1
+    print(f"{key_id:08x}")
+    return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from monitor import launcher
+
+    argv = list(args.command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    try:
+        user = launcher.parse_user(args.user) if args.user else None
+        return launcher.launch(args.socket, args.share, user, argv)
+    except launcher.LaunchError as exc:
+        print(f"fhmon launch: {exc}", file=sys.stderr)
+        return 125
+
+
+def _ask(socket_path: str, request: Any, timeout: float) -> Any:
+    from protocol import native
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(socket_path)
+        sock.sendall(native.encode(request))
+        decoder = native.FrameDecoder()
+        while (message := decoder.next_message()) is None:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("fhmon closed the connection")
+            decoder.feed(data)
+        return message
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from protocol import native
+
+    try:
+        answer = _ask(args.socket, native.Ping(), args.timeout)
+    except (OSError, native.ProtocolError) as exc:
+        print(f"fhmon probe: {args.socket}: {exc}", file=sys.stderr)
+        return 1
+    health = json.loads(answer.json)
+    print(json.dumps(health))
+    return 0 if health.get("ok") else 1
+
+
+def _status(args: argparse.Namespace) -> int:
+    from protocol import native
+
+    try:
+        answer = _ask(args.socket, native.StatusRequest(), args.timeout)
+    except (OSError, native.ProtocolError) as exc:
+        print(f"fhmon status: {args.socket}: {exc}", file=sys.stderr)
+        return 1
+    status = json.loads(answer.json)
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"fhmon pid {status['pid']}, signer {status['signer']}, keys {status['keys']}, "
+          f"{status['fds']} fds")
+    print(f"{'ID':>4} {'PID':>8} {'CALLS':>8}  SHARE")
+    for t in status["targets"]:
+        print(f"{t['id']:>4} {t['pid']:>8} {t['calls']:>8}  {t['share']}")
+    for syscall, results in status["counters"].items():
+        print(f"{syscall}: " + ", ".join(f"{k}={v}" for k, v in sorted(results.items())))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fhmon", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"fhmon {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the monitor service (root, foreground)")
+    serve.add_argument("--socket")
+    serve.add_argument("--key-dir", dest="key_dir")
+    serve.add_argument("--allow", action="append", metavar="GLOB",
+                       help="host directories that may be registered as share roots")
+    serve.add_argument("--config", help="TOML config file; flags override it")
+    serve.add_argument("--socket-mode", dest="socket_mode")
+    serve.add_argument("--socket-owner", dest="socket_owner")
+    serve.add_argument("--socket-group", dest="socket_group")
+    serve.add_argument("--log-level", dest="log_level")
+    serve.add_argument("--metrics-address", dest="metrics_address")
+    serve.add_argument("--state-dir", dest="state_dir", default=cfg.DEFAULT_STATE_DIR,
+                       help="where plain `fhmon serve` keeps its socket, keys and shares")
+    serve.add_argument("--print-config", action="store_true",
+                       help="print the effective configuration and exit")
+    serve.set_defaults(func=_serve)
+
+    keygen = sub.add_parser("keygen", help="add a signing key to a key directory")
+    keygen.add_argument("--key-dir", dest="key_dir", required=True)
+    keygen.add_argument("--no-sign", action="store_true",
+                        help="add the key for verification only (do not make it the signer)")
+    keygen.set_defaults(func=_keygen)
+
+    launch = sub.add_parser("launch", help="run CMD under the filter, registered with fhmon")
+    launch.add_argument("--socket", required=True)
+    launch.add_argument("--share", required=True)
+    launch.add_argument("--user", help="UID[:GID] to run CMD as")
+    launch.add_argument("command", nargs=argparse.REMAINDER)
+    launch.set_defaults(func=_launch)
+
+    for name, func, text in (("probe", _probe, "health check: exit 0 if fhmon answers"),
+                             ("status", _status, "show registered targets and counters")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--socket", required=True)
+        p.add_argument("--timeout", type=float, default=5.0)
+        if name == "status":
+            p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

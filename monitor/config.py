@@ -1,0 +1,207 @@
+"""fhmon's configuration: defaults, a TOML file, command-line overrides, validation.
+
+Every option has one name used in the TOML file, in `--print-config` and (with dashes) on the
+command line. Unknown or ill-typed keys are refused with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import grp
+import pwd
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_STATE_DIR = "/var/lib/fhmon"
+
+
+class ConfigError(Exception):
+    """The configuration is unusable; the message names the key and what is wrong."""
+
+
+@dataclass
+class Config:
+    socket: str = ""
+    key_dir: str = ""
+    allow: list[str] = field(default_factory=list)
+    socket_mode: int = 0o600
+    socket_owner: int | None = None
+    socket_group: int | None = None
+    log_level: str = "info"
+    registration_timeout: float = 5.0
+    max_connections: int = 1024
+    max_targets: int = 4096
+    metrics_address: str = ""
+    sync_wakeup: bool = True
+    signing: bool = True
+    state_dir: str = ""
+
+    def to_toml(self) -> str:
+        lines = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                lines.append(f"# {f.name} = (unset)")
+            elif f.name == "socket_mode":
+                lines.append(f'{f.name} = "{value:04o}"')
+            elif isinstance(value, bool):
+                lines.append(f"{f.name} = {'true' if value else 'false'}")
+            elif isinstance(value, (int, float)):
+                lines.append(f"{f.name} = {value}")
+            elif isinstance(value, list):
+                lines.append(f"{f.name} = [{', '.join(_quote(v) for v in value)}]")
+            else:
+                lines.append(f"{f.name} = {_quote(str(value))}")
+        return "\n".join(lines) + "\n"
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_LEVELS = {"debug", "info", "warning", "error"}
+
+
+def _expect(key: str, value: Any, kind: type | tuple[type, ...]) -> Any:
+    if isinstance(value, bool) and kind is not bool and bool not in (
+            kind if isinstance(kind, tuple) else (kind,)):
+        raise ConfigError(f"config key {key!r}: expected {_kind_name(kind)}, got a boolean")
+    if not isinstance(value, kind):
+        raise ConfigError(f"config key {key!r}: expected {_kind_name(kind)}, "
+                          f"got {type(value).__name__} {value!r}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    if isinstance(kind, tuple):
+        return " or ".join(k.__name__ for k in kind)
+    return kind.__name__
+
+
+def parse_mode(key: str, value: Any) -> int:
+    if isinstance(value, str):
+        try:
+            mode = int(value, 8)
+        except ValueError:
+            raise ConfigError(f"config key {key!r}: {value!r} is not an octal mode") from None
+    else:
+        mode = _expect(key, value, int)
+    if mode & ~0o777:
+        raise ConfigError(f"config key {key!r}: mode {mode:o} has bits beyond 0777")
+    if mode & 0o007:
+        raise ConfigError(f"config key {key!r}: mode {mode:04o} lets any local user connect; "
+                          f"use 0600 or 0660 with socket_group")
+    return mode
+
+
+def parse_user(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value.isdigit():
+            return int(value)
+        try:
+            return pwd.getpwnam(value).pw_uid
+        except KeyError:
+            raise ConfigError(f"config key {key!r}: no user {value!r}") from None
+    raise ConfigError(f"config key {key!r}: expected a user name or uid")
+
+
+def parse_group(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value.isdigit():
+            return int(value)
+        try:
+            return grp.getgrnam(value).gr_gid
+        except KeyError:
+            raise ConfigError(f"config key {key!r}: no group {value!r}") from None
+    raise ConfigError(f"config key {key!r}: expected a group name or gid")
+
+
+def apply(config: Config, values: dict[str, Any], source: str) -> Config:
+    """Validate `values` (from TOML or flags) and set them on config."""
+    known = {f.name for f in dataclasses.fields(Config)}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"{source}: unknown config key {key!r}; known keys: "
+                              f"{', '.join(sorted(known))}")
+        try:
+            setattr(config, key, _validate(key, value))
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    return config
+
+
+def _validate(key: str, value: Any) -> Any:
+    match key:
+        case "socket" | "key_dir" | "metrics_address" | "state_dir":
+            text = _expect(key, value, str)
+            if key in ("socket", "key_dir", "state_dir") and text and not text.startswith("/"):
+                raise ConfigError(f"config key {key!r}: {text!r} must be an absolute path")
+            if key == "metrics_address" and text and ":" not in text:
+                raise ConfigError(f"config key {key!r}: {text!r} must be HOST:PORT")
+            return text
+        case "allow":
+            items = _expect(key, value, list)
+            for item in items:
+                _expect(key, item, str)
+                if not item.startswith("/"):
+                    raise ConfigError(f"config key 'allow': {item!r} must be an absolute glob")
+            return list(items)
+        case "socket_mode":
+            return parse_mode(key, value)
+        case "socket_owner":
+            return parse_user(key, value)
+        case "socket_group":
+            return parse_group(key, value)
+        case "log_level":
+            level = _expect(key, value, str).lower()
+            if level not in _LEVELS:
+                raise ConfigError(f"config key 'log_level': {value!r} is not one of "
+                                  f"{sorted(_LEVELS)}")
+            return level
+        case "registration_timeout":
+            number = float(_expect(key, value, (int, float)))
+            if not 0 < number <= 300:
+                raise ConfigError("config key 'registration_timeout': must be in (0, 300] s")
+            return number
+        case "max_connections" | "max_targets":
+            number = _expect(key, value, int)
+            if number < 1:
+                raise ConfigError(f"config key {key!r}: must be at least 1")
+            return number
+        case "sync_wakeup" | "signing":
+            return _expect(key, value, bool)
+    raise ConfigError(f"unknown config key {key!r}")
+
+
+def load_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+
+
+def embedded_default(state_dir: str = DEFAULT_STATE_DIR) -> Config:
+    base = Path(state_dir)
+    return Config(socket=str(base / "fhmon.sock"), key_dir=str(base / "keys"),
+                  allow=[str(base / "shares" / "*")], state_dir=str(base))
+
+
+def finish(config: Config) -> Config:
+    missing = [k for k in ("socket", "key_dir") if not getattr(config, k)]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)}: give --socket and --key-dir (or a "
+                          f"config file), or run plain `fhmon serve` for the embedded default")
+    if not config.allow:
+        raise ConfigError("no --allow globs: nothing could ever be registered")
+    if config.socket_mode & 0o070 and config.socket_group is None:
+        raise ConfigError("socket_mode gives group access but no socket_group is set")
+    return config

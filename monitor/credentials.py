@@ -1,0 +1,54 @@
+"""Temporarily act with a target's file-system credentials on the current thread.
+
+Permission checks must be the target's, never root's: fhmon opens with the target's fsuid,
+fsgid, supplementary groups and effective capabilities, using per-thread raw syscalls
+(glibc's wrappers would change every thread). Everything here is synchronous: no await may
+happen while a switch is in force.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from monitor import linux
+from monitor.target import Credentials
+
+
+class _Baseline:
+    def __init__(self) -> None:
+        self.effective, self.permitted, self.inheritable = linux.capget_thread()
+        self.fsuid = os.geteuid()
+        self.fsgid = os.getegid()
+        self.groups = tuple(os.getgroups())
+
+
+_baseline: _Baseline | None = None
+
+
+def _base() -> _Baseline:
+    global _baseline
+    if _baseline is None:
+        _baseline = _Baseline()
+    return _baseline
+
+
+@contextmanager
+def acting_as(creds: Credentials) -> Iterator[None]:
+    """Switch to creds for the duration of the block; always switch back."""
+    base = _base()
+    try:
+        linux.setgroups_thread(creds.groups)
+        linux.setfsgid(creds.fsgid)
+        linux.setfsuid(creds.fsuid)
+        linux.capset_thread(creds.cap_effective & base.permitted, base.permitted,
+                            base.inheritable)
+        yield
+    finally:
+        linux.capset_thread(base.permitted, base.permitted, base.inheritable)
+        linux.setfsuid(base.fsuid)
+        linux.setfsgid(base.fsgid)
+        linux.setgroups_thread(base.groups)
+        if base.effective != base.permitted:
+            linux.capset_thread(base.effective, base.permitted, base.inheritable)

@@ -1,0 +1,1 @@
+"""One handler per trapped syscall, in a registry; cross-cutting concerns are middleware."""

@@ -1,0 +1,113 @@
+"""open_by_handle_at(mount_fd, handle, flags), emulated for a target.
+
+Kernel checks first and in the kernel's order (header EFAULT, handle_bytes EINVAL, type
+EINVAL, handle bytes EFAULT, mount_fd EBADF); then the MAC (ESTALE), the decode on the
+share's own mount, the inside-the-share check, and the open itself with the target's
+credentials. The fd reaches the target through ADDFD with SECCOMP_ADDFD_FLAG_SEND, which
+installs it and answers the call in one step.
+
+O_PATH: ADDFD cannot carry O_PATH files, so an O_PATH request gets a real open instead:
+O_RDONLY|O_DIRECTORY for a directory, O_RDONLY (else O_WRONLY) for a regular file, each
+checked against the target's own permissions. See docs/semantics.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+
+from monitor import linux
+from monitor.credentials import acting_as
+from monitor.handlers.base import CallContext, Injected
+from monitor.policy import check_opened
+from monitor.target import SyscallError
+from protocol import kernel
+
+# Flags that only make sense for the open we do ourselves, or that the magic-link reopen
+# would misread (O_NOFOLLOW would refuse the /proc/self/fd link itself).
+_STRIP = kernel.O_CLOEXEC | kernel.O_NOFOLLOW | kernel.O_PATH
+
+
+def open_by_handle_at(ctx: CallContext) -> Injected:
+    args = ctx.notif.args
+    mount_fd = kernel.arg_int(args[0])
+    handle_ptr = kernel.arg_ptr(args[1])
+    flags = kernel.arg_int(args[2])
+
+    header = kernel.FileHandleHeader.parse(ctx.thread.read_exact(handle_ptr, 8))
+    if header.handle_bytes == 0 or header.handle_bytes > kernel.MAX_HANDLE_SZ:
+        raise SyscallError(errno.EINVAL)
+    if not kernel.handle_type_is_valid(header.handle_type):
+        raise SyscallError(errno.EINVAL)
+    f_handle = ctx.thread.read_exact(handle_ptr + 8, header.handle_bytes)
+    mount_dev = _mount_fd_device(ctx, mount_fd)
+
+    if ctx.signing:
+        kernel_bytes = ctx.keys.verify(ctx.share.share_id, header.handle_type, f_handle)
+        if kernel_bytes is None:
+            ctx.note = "bad or foreign MAC"
+            raise SyscallError(errno.ESTALE, ctx.note)
+    else:
+        kernel_bytes = f_handle
+    if mount_dev != ctx.share.dev:
+        ctx.note = "mount_fd on another filesystem"
+        raise SyscallError(errno.ESTALE, ctx.note)
+    try:
+        obj = linux.open_by_handle_at(ctx.share.dir_fd, header.handle_type, kernel_bytes,
+                                      os.O_PATH | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SyscallError(exc.errno or errno.ESTALE) from None
+    try:
+        mode = os.fstat(obj).st_mode
+        is_dir = stat.S_ISDIR(mode)
+        if not (is_dir or stat.S_ISREG(mode)):
+            ctx.note = "fhmon opens only directories and regular files"
+            raise SyscallError(errno.EACCES, ctx.note)
+        check_opened(ctx.share, obj, is_dir)
+        opened = _reopen_as_target(ctx, obj, flags, is_dir)
+    finally:
+        os.close(obj)
+    try:
+        ctx.thread.listener.ensure_valid(ctx.notif.id)
+        try:
+            fd = ctx.thread.listener.inject_and_respond(
+                ctx.notif.id, opened, cloexec=bool(flags & kernel.O_CLOEXEC))
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                from monitor.listener import NotificationGone
+                raise NotificationGone(ctx.notif.id) from None
+            raise SyscallError(exc.errno or errno.EIO) from None  # e.g. EMFILE in the target
+    finally:
+        os.close(opened)
+    return Injected(fd)
+
+
+def _mount_fd_device(ctx: CallContext, mount_fd: int) -> int:
+    """EBADF as the kernel gives it (bad fd, or an O_PATH fd), else the fd's st_dev."""
+    fd = ctx.thread.open_cwd() if mount_fd == kernel.AT_FDCWD else ctx.thread.take_fd(mount_fd)
+    try:
+        if mount_fd != kernel.AT_FDCWD and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
+            raise SyscallError(errno.EBADF)
+        return os.fstat(fd).st_dev
+    finally:
+        os.close(fd)
+
+
+def _reopen_as_target(ctx: CallContext, obj: int, flags: int, is_dir: bool) -> int:
+    link = f"/proc/self/fd/{obj}"
+    if flags & kernel.O_PATH:
+        if flags & kernel.O_DIRECTORY and not is_dir:
+            raise SyscallError(errno.ENOTDIR)
+        attempts = ([os.O_RDONLY | os.O_DIRECTORY] if is_dir else [os.O_RDONLY, os.O_WRONLY])
+    else:
+        attempts = [(flags & ~_STRIP) | os.O_NOCTTY]
+    last = errno.EACCES
+    with acting_as(ctx.thread.status.credentials):
+        for attempt in attempts:
+            try:
+                return os.open(link, attempt | os.O_CLOEXEC)
+            except OSError as exc:
+                last = exc.errno or errno.EACCES
+    raise SyscallError(last)

@@ -1,0 +1,94 @@
+"""The seccomp listener fd: the five ioctls, with Python's fcntl.ioctl traps handled.
+
+fcntl.ioctl returns a copy of an immutable buffer instead of the ioctl's value, so every
+call whose value matters (ADDFD returns the target's new fd number) passes a bytearray.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import select
+
+from protocol import kernel
+
+
+class NotificationGone(Exception):
+    """The notification is no longer valid: the target thread died or was interrupted."""
+
+
+class Listener:
+    """One seccomp user-notification listener fd, owned (and closed) by this object."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._poller = select.poll()
+        self._poller.register(fd, select.POLLIN)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def hung_up(self) -> bool:
+        """POLLHUP: no task uses the filter any more (RECV would block forever)."""
+        for _, events in self._poller.poll(0):
+            if events & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                return True
+        return False
+
+    def pending(self) -> bool:
+        return any(ev & select.POLLIN for _, ev in self._poller.poll(0))
+
+    def receive(self) -> kernel.Notification:
+        buf = bytearray(kernel.SECCOMP_NOTIF_SIZE)
+        fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_RECV, buf, True)
+        return kernel.Notification.parse(buf)
+
+    def id_valid(self, notif_id: int) -> bool:
+        try:
+            fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_ID_VALID, kernel.pack_u64(notif_id))
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return False
+            raise
+        return True
+
+    def ensure_valid(self, notif_id: int) -> None:
+        if not self.id_valid(notif_id):
+            raise NotificationGone(notif_id)
+
+    def respond(self, notif_id: int, *, val: int = 0, error: int = 0) -> bool:
+        """Answer a call; False if the target is gone (nothing to answer)."""
+        buf = bytearray(kernel.pack_response(notif_id, val=val, error=error))
+        try:
+            fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_SEND, buf, True)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return False
+            raise
+        return True
+
+    def inject_and_respond(self, notif_id: int, srcfd: int, *, cloexec: bool) -> int:
+        """ADDFD + SEND in one step: the fd is installed only if the call is answered."""
+        buf = kernel.pack_addfd(notif_id, srcfd,
+                                newfd_flags=kernel.O_CLOEXEC if cloexec else 0,
+                                flags=kernel.SECCOMP_ADDFD_FLAG_SEND)
+        return fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_ADDFD, buf, True)
+
+    def set_sync_wakeup(self) -> bool:
+        """SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP (6.6+); the flag is passed by value."""
+        try:
+            fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_SET_FLAGS,
+                        kernel.SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)
+        except OSError:
+            return False
+        return True
+
+
+def is_seccomp_listener(fd: int) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:seccomp notify"
+    except OSError:
+        return False

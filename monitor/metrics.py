@@ -1,0 +1,98 @@
+"""Counters and latency of emulated calls, as middleware around every handler."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from monitor import log
+from monitor.handlers.base import CallContext, Handler, Middleware, Outcome
+from monitor.target import SyscallError
+
+# Answers that mean "fhmon refused on policy", worth an audit line when a note says why.
+_POLICY_ERRNOS = {errno.EACCES, errno.ESTALE, errno.EOPNOTSUPP, errno.ENOSYS, errno.ELOOP}
+
+
+@dataclass
+class CallStats:
+    results: Counter[tuple[str, str]] = field(default_factory=Counter)
+    refusals: Counter[str] = field(default_factory=Counter)
+    seconds: Counter[str] = field(default_factory=Counter)
+    registrations: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for (syscall, result), n in sorted(self.results.items()):
+            out.setdefault(syscall, {})[result] = n
+        return out
+
+
+def result_name(exc: SyscallError | None) -> str:
+    if exc is None:
+        return "ok"
+    return errno.errorcode.get(exc.errno, str(exc.errno))
+
+
+def metrics_middleware(stats: CallStats, observers: list[ObserveFn] | None = None) -> Middleware:
+    """Counts every call by syscall and result, and times it."""
+    extra = observers or []
+
+    def wrap(name: str, handler: Handler) -> Handler:
+        def measured(ctx: CallContext) -> Outcome:
+            start = time.perf_counter()
+            failure: SyscallError | None = None
+            try:
+                return handler(ctx)
+            except SyscallError as exc:
+                failure = exc
+                raise
+            finally:
+                elapsed = time.perf_counter() - start
+                result = result_name(failure)
+                stats.results[(name, result)] += 1
+                stats.seconds[name] += elapsed
+                for observe in extra:
+                    observe(name, result, elapsed, ctx)
+        return measured
+    return wrap
+
+
+def audit_middleware(stats: CallStats) -> Middleware:
+    """Logs every call fhmon refused on policy (confinement, MAC, file type)."""
+
+    def wrap(name: str, handler: Handler) -> Handler:
+        def audited(ctx: CallContext) -> Outcome:
+            try:
+                outcome = handler(ctx)
+            except SyscallError as exc:
+                if exc.errno in _POLICY_ERRNOS and ctx.note:
+                    stats.refusals[ctx.note] += 1
+                    log.audit("call_refused", syscall=name, errno=result_name(exc),
+                              reason=ctx.note, tid=ctx.thread.tid,
+                              tgid=_tgid(ctx), share=ctx.share.host_path,
+                              target=ctx.target_id)
+                elif logging.getLogger("fhmon.events").isEnabledFor(logging.DEBUG):
+                    log.event("call", logging.DEBUG, syscall=name, result=result_name(exc),
+                              tid=ctx.thread.tid, target=ctx.target_id)
+                raise
+            if logging.getLogger("fhmon.events").isEnabledFor(logging.DEBUG):
+                log.event("call", logging.DEBUG, syscall=name, result="ok",
+                          tid=ctx.thread.tid, target=ctx.target_id)
+            return outcome
+        return audited
+    return wrap
+
+
+def _tgid(ctx: CallContext) -> int | None:
+    try:
+        return ctx.thread.status.tgid
+    except Exception:
+        return None
+
+
+from collections.abc import Callable  # noqa: E402
+
+ObserveFn = Callable[[str, str, float, CallContext], None]

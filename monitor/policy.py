@@ -1,0 +1,193 @@
+"""Confinement policy: which shares may be registered, and what lies inside a share.
+
+One module, so a reviewer finds every decision about "inside" and "allowed" here:
+- a share root must match an --allow glob by its real host path (no symlinks in the path);
+- an object is inside a share when it is on the share's own mount (not a submount, not
+  another filesystem) and, unless the share is the root of that mount, below the share
+  directory by its path.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import glob
+import os
+import stat
+from dataclasses import dataclass, field
+
+from monitor import linux, signing
+from monitor.target import SyscallError
+from protocol import kernel
+
+
+class RegistrationRefused(Exception):
+    """A registration is refused; the text goes back to the client verbatim."""
+
+    def __init__(self, reason: str, err: int = errno.EACCES) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.errno = err
+
+
+def fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def glob_matches(pattern: str, path: str) -> bool:
+    """Shell-glob semantics: each '/'-separated component matches on its own."""
+    pat_parts = pattern.rstrip("/").split("/") if pattern != "/" else [""]
+    path_parts = path.rstrip("/").split("/") if path != "/" else [""]
+    if len(pat_parts) != len(path_parts):
+        return False
+    return all(fnmatch.fnmatchcase(p, g) for g, p in zip(pat_parts, path_parts, strict=True))
+
+
+def is_below(path: str, root: str) -> bool:
+    root = root.rstrip("/")
+    return path == root or path.startswith(root + "/") or root == ""
+
+
+@dataclass(slots=True)
+class Share:
+    """A pinned share root: fds that keep naming the same directory whatever happens to paths."""
+
+    path_fd: int  # O_PATH, for identity and path checks
+    dir_fd: int  # O_RDONLY|O_DIRECTORY: a valid mount_fd for open_by_handle_at
+    mount_id: int  # unique mount id (statx)
+    dev: int
+    ino: int
+    share_id: bytes
+    host_path: str
+    target_path: str
+    is_mount_root: bool
+    refs: int = field(default=1)
+
+    def close(self) -> None:
+        for fd in (self.path_fd, self.dir_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.path_fd = self.dir_fd = -1
+
+    def current_path(self) -> str:
+        return fd_path(self.path_fd)
+
+
+def pin_share(root_fd: int, target_path: str, allow: list[str]) -> Share:
+    """Resolve target_path inside the target's root (root_fd), pin it, check --allow.
+
+    Must run with the registering client's credentials in force, so that a client can only
+    register a share it can reach itself.
+    """
+    if not target_path.startswith("/"):
+        raise RegistrationRefused(f"share {target_path!r} must be an absolute path", errno.EINVAL)
+    if "\0" in target_path or len(target_path.encode()) >= kernel.PATH_MAX:
+        raise RegistrationRefused("share path is not a valid path", errno.EINVAL)
+    try:
+        path_fd = linux.openat2(root_fd, target_path.encode(), os.O_PATH | os.O_DIRECTORY
+                                | os.O_CLOEXEC, linux.RESOLVE_IN_ROOT | linux.RESOLVE_NO_SYMLINKS
+                                | linux.RESOLVE_NO_MAGICLINKS)
+    except OSError as exc:
+        hint = "; give its canonical path (no symlinks)" if exc.errno == errno.ELOOP else ""
+        raise RegistrationRefused(f"share {target_path}: {os.strerror(exc.errno or 0)}{hint}",
+                                  exc.errno or errno.EINVAL) from None
+    dir_fd = -1
+    try:
+        try:
+            dir_fd = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_DIRECTORY
+                             | os.O_CLOEXEC)
+        except OSError as exc:
+            raise RegistrationRefused(
+                f"share {target_path}: the client cannot read it "
+                f"({os.strerror(exc.errno or 0)})", exc.errno or errno.EACCES) from None
+        host_path = _allowed_host_path(path_fd, allow)
+        if host_path is None:
+            raise RegistrationRefused(
+                f"share {target_path} (host path {fd_path(path_fd)}) is not in the allow-list")
+        st = os.fstat(path_fd)
+        mnt = linux.mount_id(path_fd)
+        share_id = _share_id(path_fd)
+        parent = os.open("..", os.O_PATH | os.O_CLOEXEC, dir_fd=path_fd)
+        try:
+            pst = os.fstat(parent)
+            is_root = linux.mount_id(parent) != mnt or (pst.st_dev, pst.st_ino) == (
+                st.st_dev, st.st_ino)
+        finally:
+            os.close(parent)
+        return Share(path_fd, dir_fd, mnt, st.st_dev, st.st_ino, share_id, host_path,
+                     target_path, is_root)
+    except BaseException:
+        os.close(path_fd)
+        if dir_fd >= 0:
+            os.close(dir_fd)
+        raise
+
+
+def _share_id(path_fd: int) -> bytes:
+    """Hash of the share root's handle; a FID handle where the fs cannot export."""
+    for flags in (linux.AT_EMPTY_PATH, linux.AT_EMPTY_PATH | kernel.AT_HANDLE_FID):
+        try:
+            handle_type, f_handle, _ = linux.name_to_handle_at(path_fd, b"", flags)
+            return signing.share_id_from_handle(handle_type, f_handle)
+        except OSError:
+            continue
+    raise RegistrationRefused("the share's filesystem gives no file handles at all",
+                              errno.EOPNOTSUPP)
+
+
+def _allowed_host_path(path_fd: int, allow: list[str]) -> str | None:
+    """The host path of the pinned dir if it is an allowed share root, compared by inode."""
+    st = os.fstat(path_fd)
+    candidates = [fd_path(path_fd)]
+    for pattern in allow:
+        if any(glob_matches(pattern, c) for c in candidates) and _same_dir(candidates[0], st):
+            return candidates[0]
+    for pattern in allow:  # the client's mount namespace may show the dir elsewhere
+        for match in glob.glob(pattern):
+            if _same_dir(match, st):
+                return match
+    return None
+
+
+def _same_dir(path: str, st: os.stat_result) -> bool:
+    try:
+        other = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISDIR(other.st_mode) and (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
+
+
+# --- inside-the-share checks --------------------------------------------------------------
+
+def check_resolved(share: Share, obj_fd: int) -> None:
+    """For name_to_handle_at: the looked-up object must be inside the share.
+
+    EOPNOTSUPP for a submount inside the share (virtiofsd then keeps its own O_PATH fd, as
+    for any filesystem without handles); EACCES for anything outside the share.
+    """
+    if linux.mount_id(obj_fd) != share.mount_id:
+        if is_below(fd_path(obj_fd), share.current_path()):
+            raise SyscallError(errno.EOPNOTSUPP, "object on a submount inside the share")
+        raise SyscallError(errno.EACCES, "object outside the share (other mount)")
+    if share.is_mount_root:
+        return
+    if not is_below(_strip_deleted(fd_path(obj_fd)), share.current_path()):
+        raise SyscallError(errno.EACCES, "object outside the share")
+
+
+def check_opened(share: Share, obj_fd: int, is_dir: bool) -> None:
+    """For open_by_handle_at: the fd comes from the share's mount (mount_fd is the share), so
+    only a directory moved out of a non-root share can be outside; directories are always
+    connected, so their path is checked. Non-directories are trusted on their MAC (like NFS
+    no_subtree_check): their dentry may be disconnected and has no path to check.
+    """
+    if linux.mount_id(obj_fd) != share.mount_id:
+        raise SyscallError(errno.ESTALE, "opened object not on the share's mount")
+    if share.is_mount_root or not is_dir:
+        return
+    if not is_below(fd_path(obj_fd), share.current_path()):
+        raise SyscallError(errno.ESTALE, "directory no longer inside the share")
+
+
+def _strip_deleted(path: str) -> str:
+    return path[: -len(" (deleted)")] if path.endswith(" (deleted)") else path

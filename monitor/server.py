@@ -1,0 +1,457 @@
+"""The trio service: the intake socket, one task per registered listener, key reloads.
+
+All emulation work is synchronous and short; trio multiplexes the intake connections and
+the listeners. One nursery owns everything, so a stop (SIGTERM/SIGINT) cancels every task
+and the finally blocks close every fd.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import itertools
+import json
+import logging
+import os
+import resource
+import socket
+import stat
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from monitor import log
+from monitor.config import Config
+from monitor.credentials import acting_as
+from monitor.handlers.base import CallContext
+from monitor.handlers.registry import Dispatcher
+from monitor.linux import kcmp_same_file
+from monitor.listener import Listener, is_seccomp_listener
+from monitor.metrics import CallStats, audit_middleware, metrics_middleware
+from monitor.policy import RegistrationRefused, Share, pin_share
+from monitor.signing import KeyDirError, KeyRing
+from monitor.target import TargetThread, read_status
+from protocol import native, oci
+
+MAX_FDS_PER_MESSAGE = 16
+RECV_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PeerCred:
+    pid: int
+    uid: int
+    gid: int
+
+
+@dataclass
+class Target:
+    """One registered listener and the share it is confined to."""
+
+    target_id: int
+    listener: Listener
+    share: Share
+    pid: int
+    peer: PeerCred
+    convention: str
+    registered_at: float = field(default_factory=time.time)
+    calls: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.target_id, "pid": self.pid, "share": self.share.host_path,
+                "share_in_target": self.share.target_path, "convention": self.convention,
+                "peer_uid": self.peer.uid, "peer_pid": self.peer.pid, "calls": self.calls,
+                "registered_at": self.registered_at}
+
+
+class Service:
+    def __init__(self, config: Config, keys: KeyRing) -> None:
+        self.config = config
+        self.keys = keys
+        self.stats = CallStats()
+        self.targets: dict[int, Target] = {}
+        self._ids = itertools.count(1)
+        self._connections = 0
+        self.dispatcher = Dispatcher([metrics_middleware(self.stats), audit_middleware(self.stats)])
+        self.started = time.time()
+        self.key_error: str | None = None
+
+    # --- keys -------------------------------------------------------------------------
+    def reload_keys(self) -> bool:
+        try:
+            ring = KeyRing.load(self.config.key_dir)
+        except KeyDirError as exc:
+            self.key_error = str(exc)
+            log.event("keys_reload_failed", logging.ERROR, error=str(exc))
+            return False
+        changed = (ring.key_ids, ring.signer) != (self.keys.key_ids, self.keys.signer)
+        self.keys = ring  # one reference swap: every call sees the old ring or the new one
+        self.key_error = None
+        if changed:
+            log.event("keys_reloaded", keys=[f"{k:08x}" for k in ring.key_ids],
+                      signer=f"{ring.signer:08x}")
+        return True
+
+    async def watch_keys(self, interval: float = 1.0) -> None:
+        """Reload when the key dir changes (Secret updates swap a symlink: watch mtimes)."""
+        last = self._key_dir_fingerprint()
+        while True:
+            await trio.sleep(interval)
+            now = self._key_dir_fingerprint()
+            if now != last:
+                last = now
+                self.reload_keys()
+
+    def _key_dir_fingerprint(self) -> tuple[Any, ...]:
+        try:
+            entries = []
+            for name in sorted(os.listdir(self.config.key_dir)):
+                st = os.stat(os.path.join(self.config.key_dir, name))
+                entries.append((name, st.st_ino, st.st_mtime_ns, st.st_size))
+            return tuple(entries)
+        except OSError:
+            return ()
+
+    # --- the socket -------------------------------------------------------------------
+    def prepare_socket(self) -> trio.socket.SocketType:
+        path = self.config.socket
+        directory = os.path.dirname(path) or "."
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        st = os.stat(directory)
+        if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+            raise RegistrationRefused(f"socket directory {directory} is writable by others; "
+                                      f"refusing to serve from it")
+        if st.st_mode & 0o002:
+            raise RegistrationRefused(f"socket directory {directory} is world-writable "
+                                      f"(sticky); use a directory only root can write")
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old_umask = os.umask(0o177)
+        try:
+            sock._sock.bind(path)  # synchronous bind before anyone can connect
+        finally:
+            os.umask(old_umask)
+        os.chown(path, self.config.socket_owner if self.config.socket_owner is not None else -1,
+                 self.config.socket_group if self.config.socket_group is not None else -1)
+        os.chmod(path, self.config.socket_mode)
+        sock.listen(128)
+        return sock
+
+    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        _raise_fd_limit()
+        sock = self.prepare_socket()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.watch_keys)
+                log.event("serving", socket=self.config.socket, key_dir=self.config.key_dir,
+                          allow=self.config.allow, keys=[f"{k:08x}" for k in self.keys.key_ids],
+                          signer=f"{self.keys.signer:08x}", pid=os.getpid())
+                task_status.started()
+                while True:
+                    conn, _ = await sock.accept()
+                    if self._connections >= self.config.max_connections:
+                        conn.close()
+                        log.event("connection_dropped", logging.WARNING,
+                                  reason="too many connections")
+                        continue
+                    self._connections += 1
+                    nursery.start_soon(self._connection, conn, nursery)
+        finally:
+            sock.close()
+            try:
+                os.unlink(self.config.socket)
+            except OSError:
+                pass
+            log.event("shutdown", counters=self.stats.as_dict(),
+                      refusals=dict(self.stats.refusals),
+                      registrations=dict(self.stats.registrations),
+                      targets=len(self.targets))
+
+    # --- one intake connection -----------------------------------------------------------
+    async def _connection(self, conn: trio.socket.SocketType, nursery: trio.Nursery) -> None:
+        fds: list[int] = []
+        try:
+            peer = _peer_cred(conn)
+            linger = False
+            with trio.move_on_after(self.config.registration_timeout) as scope:
+                data, fds = await _recv_with_fds(conn, fds)
+                if not data:
+                    return
+                if native.looks_native(data):
+                    linger = await self._native(conn, peer, data, fds, nursery)
+                else:
+                    registration = await _read_oci(conn, data, fds)
+                    if registration is not None:
+                        state, fds = registration
+                        self._register_oci(peer, state, fds, nursery)
+            if scope.cancelled_caught:
+                self.stats.registrations["timeout"] += 1
+                log.event("registration_refused", logging.WARNING, peer_pid=peer.pid,
+                          peer_uid=peer.uid, reason="timed out waiting for a registration")
+            if linger:
+                await self._linger(conn)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            for fd in fds:
+                _close_quietly(fd)
+            conn.close()
+            self._connections -= 1
+
+    async def _native(self, conn: trio.socket.SocketType, peer: PeerCred, data: bytes,
+                      fds: list[int], nursery: trio.Nursery) -> bool:
+        """Serve native messages until a registration is settled; True if it was accepted."""
+        decoder = native.FrameDecoder()
+        registered = False
+        while True:
+            try:
+                decoder.feed(data)
+                message = decoder.next_message()
+                while message is not None:
+                    reply = self._native_message(message, peer, fds, nursery, registered)
+                    if isinstance(message, native.Hello):
+                        registered = registered or isinstance(reply, native.Accept)
+                    await conn.send(native.encode(reply))
+                    if isinstance(reply, native.Refuse) and isinstance(message, native.Hello):
+                        return False
+                    message = decoder.next_message()
+            except native.ProtocolError as exc:
+                self.stats.registrations["malformed"] += 1
+                log.event("registration_refused", logging.WARNING, peer_pid=peer.pid,
+                          peer_uid=peer.uid, reason=str(exc))
+                await conn.send(native.encode(native.Refuse(errno.EPROTO, str(exc))))
+                return False
+            if registered:
+                # The launcher keeps the connection open: leave the intake timeout's scope.
+                return True
+            data, fds = await _recv_with_fds(conn, fds)
+            if not data:
+                return False
+
+    async def _linger(self, conn: trio.socket.SocketType) -> None:
+        """After ACCEPT: keep the launcher's connection until it closes (it may ping)."""
+        decoder = native.FrameDecoder()
+        while True:
+            data = await _recv_plain(conn)
+            if not data:
+                return
+            try:
+                decoder.feed(data)
+                while (message := decoder.next_message()) is not None:
+                    if isinstance(message, native.Ping):
+                        await conn.send(native.encode(self._pong()))
+            except native.ProtocolError:
+                return
+
+    def _native_message(self, message: native.Message, peer: PeerCred, fds: list[int],
+                        nursery: trio.Nursery, registered: bool) -> native.Message:
+        match message:
+            case native.Ping():
+                return self._pong()
+            case native.StatusRequest():
+                return native.StatusReply(json.dumps(self.status()))
+            case native.Hello():
+                if registered:
+                    return native.Refuse(errno.EALREADY, "this connection already registered")
+                received = list(fds)
+                fds.clear()
+                try:
+                    if len(received) != 1:
+                        for fd in received:
+                            _close_quietly(fd)
+                        raise RegistrationRefused(
+                            f"HELLO must carry exactly one fd (the listener), got "
+                            f"{len(received)}", errno.EINVAL)
+                    target = self._register(received[0], message.target_pid, message.share,
+                                            peer, "native", nursery)
+                except RegistrationRefused as exc:
+                    self._refused(peer, exc.reason)
+                    return native.Refuse(exc.errno, exc.reason)
+                return native.Accept(target.target_id, target.share.share_id,
+                                     f"registered: share {target.share.host_path}")
+        return native.Refuse(errno.EPROTO, f"unexpected message {type(message).__name__}")
+
+    def _pong(self) -> native.Pong:
+        return native.Pong(json.dumps({
+            "ok": self.key_error is None, "key_error": self.key_error,
+            "keys": len(self.keys.key_ids), "targets": len(self.targets),
+            "uptime": round(time.time() - self.started, 3)}))
+
+    def _refused(self, peer: PeerCred, reason: str) -> None:
+        self.stats.registrations["refused"] += 1
+        log.audit("registration_refused", peer_pid=peer.pid, peer_uid=peer.uid, reason=reason)
+
+    def _register_oci(self, peer: PeerCred, state: oci.ContainerProcessState,
+                      fds: list[int], nursery: trio.Nursery) -> None:
+        try:
+            if len(fds) != len(state.fds):
+                raise RegistrationRefused(f"state names {len(state.fds)} fds but "
+                                          f"{len(fds)} arrived", errno.EINVAL)
+            share = oci.share_from_metadata(state.metadata)
+            listener_fd = fds.pop(state.seccomp_fd_index)
+            self._register(listener_fd, state.pid, share, peer, "oci", nursery)
+        except oci.OciStateError as exc:
+            self._refused(peer, str(exc))
+        except RegistrationRefused as exc:
+            self._refused(peer, exc.reason)
+
+    def _register(self, listener_fd: int, target_pid: int, share_path: str, peer: PeerCred,
+                  convention: str, nursery: trio.Nursery) -> Target:
+        """Every check of a registration; takes ownership of listener_fd in all cases."""
+        try:
+            if not is_seccomp_listener(listener_fd):
+                raise RegistrationRefused("the fd is not a seccomp listener", errno.EINVAL)
+            for other in self.targets.values():
+                if kcmp_same_file(other.listener.fd, listener_fd):
+                    raise RegistrationRefused("this listener is already registered",
+                                              errno.EEXIST)
+            if len(self.targets) >= self.config.max_targets:
+                raise RegistrationRefused("too many targets", errno.EAGAIN)
+            if target_pid <= 0:
+                raise RegistrationRefused("invalid target pid", errno.EINVAL)
+            try:
+                target_status = read_status(target_pid)
+                peer_status = read_status(peer.pid)
+            except Exception:
+                raise RegistrationRefused(f"process {target_pid} or {peer.pid} not found",
+                                          errno.ESRCH) from None
+            if peer.uid != 0 and target_status.uid != peer.uid:
+                raise RegistrationRefused(f"process {target_pid} does not belong to uid "
+                                          f"{peer.uid}", errno.EPERM)
+            try:
+                root_fd = os.open(f"/proc/{target_pid}/root", os.O_PATH | os.O_CLOEXEC)
+            except OSError as exc:
+                raise RegistrationRefused(f"cannot see process {target_pid}'s root: "
+                                          f"{exc.strerror}", errno.ESRCH) from None
+            try:
+                with acting_as(peer_status.credentials):
+                    share = pin_share(root_fd, share_path, self.config.allow)
+            finally:
+                os.close(root_fd)
+        except BaseException:
+            _close_quietly(listener_fd)
+            raise
+        listener = Listener(listener_fd)
+        if self.config.sync_wakeup:
+            listener.set_sync_wakeup()
+        target = Target(next(self._ids), listener, share, target_pid, peer, convention)
+        self.targets[target.target_id] = target
+        self.stats.registrations["accepted"] += 1
+        log.event("target_registered", target=target.target_id, pid=target_pid,
+                  share=share.host_path, share_in_target=share_path, convention=convention,
+                  peer_uid=peer.uid, peer_pid=peer.pid, mount_root=share.is_mount_root)
+        nursery.start_soon(self._serve_target, target)
+        return target
+
+    # --- one registered listener --------------------------------------------------------
+    async def _serve_target(self, target: Target) -> None:
+        listener = target.listener
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(listener.fd)
+                if listener.hung_up():
+                    break
+                if not listener.pending():
+                    continue
+                try:
+                    notif = listener.receive()
+                except OSError as exc:
+                    if exc.errno in (errno.ENOENT, errno.EINTR):
+                        continue  # the caller went away between poll and recv
+                    raise
+                target.calls += 1
+                ctx = CallContext(listener, notif, TargetThread(listener, notif), target.share,
+                                  self.keys, self.config.signing, target.target_id)
+                self.dispatcher.dispatch(ctx)
+        finally:
+            del self.targets[target.target_id]
+            listener.close()
+            target.share.close()
+            log.event("target_gone", target=target.target_id, pid=target.pid, calls=target.calls)
+
+    def status(self) -> dict[str, Any]:
+        return {"targets": [t.describe() for t in self.targets.values()],
+                "counters": self.stats.as_dict(),
+                "keys": [f"{k:08x}" for k in self.keys.key_ids],
+                "signer": f"{self.keys.signer:08x}", "pid": os.getpid(),
+                "fds": len(os.listdir("/proc/self/fd"))}
+
+
+# --- small I/O helpers ------------------------------------------------------------------
+
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _peer_cred(conn: trio.socket.SocketType) -> PeerCred:
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return PeerCred(pid, uid, gid)
+
+
+async def _recv_with_fds(conn: trio.socket.SocketType, fds: list[int]) -> tuple[bytes, list[int]]:
+    data, ancdata, msg_flags, _ = await conn.recvmsg(
+        RECV_CHUNK, socket.CMSG_SPACE(MAX_FDS_PER_MESSAGE * 4))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            arr = array.array("i")
+            arr.frombytes(payload[: len(payload) - len(payload) % 4])
+            fds.extend(arr)
+    if msg_flags & socket.MSG_CTRUNC:
+        raise_refusal = f"more than {MAX_FDS_PER_MESSAGE} fds in one message"
+        for fd in fds:
+            _close_quietly(fd)
+        fds.clear()
+        try:
+            await conn.send(native.encode(native.Refuse(errno.EINVAL, raise_refusal)))
+        except OSError:
+            pass
+        return b"", fds
+    return data, fds
+
+
+async def _recv_plain(conn: trio.socket.SocketType) -> bytes:
+    data, ancdata, _, _ = await conn.recvmsg(RECV_CHUNK, socket.CMSG_SPACE(
+        MAX_FDS_PER_MESSAGE * 4))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            arr = array.array("i")
+            arr.frombytes(payload[: len(payload) - len(payload) % 4])
+            for fd in arr:
+                _close_quietly(fd)
+    return bytes(data)
+
+
+async def _read_oci(conn: trio.socket.SocketType, data: bytes,
+                    fds: list[int]) -> tuple[oci.ContainerProcessState, list[int]] | None:
+    buffer = bytes(data)
+    while True:
+        try:
+            state = oci.try_parse(buffer)
+        except oci.OciStateError as exc:
+            log.audit("registration_refused", reason=str(exc), convention="oci")
+            return None
+        if state is not None:
+            return state, fds
+        more, fds = await _recv_with_fds(conn, fds)
+        if not more:
+            log.audit("registration_refused", reason="connection closed before a whole "
+                      "state message arrived", convention="oci")
+            return None
+        buffer += more
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass

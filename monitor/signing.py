@@ -1,0 +1,183 @@
+"""The only module that touches key material: loading keys, signing and verifying handles.
+
+Keys live in a directory (as mounted from a Kubernetes Secret): `<8 hex digits>.key` holds
+at least 32 random bytes as hex, and `signing-key-id` names the key that signs. Every key
+present verifies; removing a key file retires it.
+"""
+
+from __future__ import annotations
+
+import hmac as std_hmac
+import os
+import re
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hmac as crypto_hmac
+
+from protocol import signed_handle
+
+MIN_KEY_BYTES: Final = 32
+SIGNER_FILE: Final = "signing-key-id"
+_KEY_NAME = re.compile(r"^([0-9a-f]{8})\.key$")
+
+
+class KeyDirError(Exception):
+    """The key directory cannot be used; the message says what to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    key_id: int
+    signing: bool
+
+
+class KeyRing:
+    """An immutable set of keys; reloading builds a new ring and swaps it in atomically."""
+
+    def __init__(self, keys: dict[int, bytes], signer: int) -> None:
+        if signer not in keys:
+            raise KeyDirError(f"signing key {signer:08x} is not among the keys")
+        self._macs = {kid: self._keyed(key) for kid, key in keys.items()}
+        self.signer = signer
+
+    @staticmethod
+    def _keyed(key: bytes) -> crypto_hmac.HMAC:
+        return crypto_hmac.HMAC(key, hashes.SHA256())
+
+    @property
+    def key_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(self._macs))
+
+    def _mac(self, key_id: int, message: bytes) -> bytes:
+        h = self._macs[key_id].copy()
+        h.update(message)
+        return h.finalize()[: signed_handle.MAC_SIZE]
+
+    def sign(self, share_id: bytes, handle_type: int, kernel_bytes: bytes) -> bytes:
+        """The f_handle to give a target: kernel bytes + key id + MAC (deterministic)."""
+        message = signed_handle.mac_message(share_id, handle_type, kernel_bytes, self.signer)
+        return signed_handle.assemble(kernel_bytes, self.signer, self._mac(self.signer, message))
+
+    def verify(self, share_id: bytes, handle_type: int, f_handle: bytes) -> bytes | None:
+        """The kernel bytes if the MAC is right for this share and a known key, else None."""
+        parts = signed_handle.split(f_handle)
+        if parts is None or parts.key_id not in self._macs:
+            return None
+        message = signed_handle.mac_message(share_id, handle_type, parts.kernel_bytes,
+                                            parts.key_id)
+        expected = self._mac(parts.key_id, message)
+        if not std_hmac.compare_digest(expected, parts.mac):
+            return None
+        return parts.kernel_bytes
+
+    @classmethod
+    def load(cls, key_dir: str | Path) -> KeyRing:
+        directory = Path(key_dir)
+        try:
+            st = directory.stat()
+        except OSError as exc:
+            raise KeyDirError(f"key directory {directory}: {exc.strerror}; "
+                              f"create one with `fhmon keygen --key-dir {directory}`") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise KeyDirError(f"key directory {directory} is not a directory")
+        if st.st_mode & 0o022:
+            raise KeyDirError(f"key directory {directory} is writable by group or others "
+                              f"(mode {st.st_mode & 0o777:o}); chmod 0700 it")
+        keys: dict[int, bytes] = {}
+        for entry in sorted(os.listdir(directory)):
+            match = _KEY_NAME.match(entry)
+            if not match:
+                continue
+            keys[int(match.group(1), 16)] = _read_key(directory / entry)
+        if not keys:
+            raise KeyDirError(f"no keys (<8 hex digits>.key) in {directory}; "
+                              f"run `fhmon keygen --key-dir {directory}`")
+        signer_path = directory / SIGNER_FILE
+        try:
+            signer_text = signer_path.read_text().strip()
+        except OSError:
+            raise KeyDirError(f"{signer_path} missing: it names the signing key id") from None
+        if not re.fullmatch(r"[0-9a-fA-F]{8}", signer_text):
+            raise KeyDirError(f"{signer_path} must hold 8 hex digits, not {signer_text!r}")
+        signer = int(signer_text, 16)
+        if signer not in keys:
+            raise KeyDirError(f"{signer_path} names key {signer:08x}, but "
+                              f"{signer:08x}.key is not in {directory}")
+        return cls(keys, signer)
+
+    def describe(self) -> list[KeyInfo]:
+        return [KeyInfo(kid, kid == self.signer) for kid in self.key_ids]
+
+
+def _read_key(path: Path) -> bytes:
+    try:
+        st = path.stat()
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KeyDirError(f"cannot read key {path}: {exc}") from None
+    if st.st_mode & 0o022:
+        raise KeyDirError(f"key {path} is writable by group or others; chmod 0600 it")
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise KeyDirError(f"key {path} must hold hex digits only") from None
+    if len(key) < MIN_KEY_BYTES:
+        raise KeyDirError(f"key {path} has {len(key)} bytes; at least {MIN_KEY_BYTES} needed")
+    return key
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def keygen(key_dir: str | Path, *, make_signer: bool = True) -> int:
+    """Add a fresh random key; by default make it the signer. Returns its id."""
+    directory = Path(key_dir)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    existing = {int(m.group(1), 16) for e in os.listdir(directory) if (m := _KEY_NAME.match(e))}
+    while True:
+        key_id = secrets.randbits(32)
+        if key_id and key_id not in existing:
+            break
+    _write_atomically(directory / f"{key_id:08x}.key", secrets.token_hex(MIN_KEY_BYTES) + "\n")
+    if make_signer:
+        set_signer(directory, key_id)
+    return key_id
+
+
+def set_signer(key_dir: str | Path, key_id: int) -> None:
+    directory = Path(key_dir)
+    if not (directory / f"{key_id:08x}.key").exists():
+        raise KeyDirError(f"no key {key_id:08x} in {directory}")
+    _write_atomically(directory / SIGNER_FILE, f"{key_id:08x}\n")
+
+
+def retire(key_dir: str | Path, key_id: int) -> None:
+    directory = Path(key_dir)
+    signer = (directory / SIGNER_FILE).read_text().strip()
+    if signer == f"{key_id:08x}":
+        raise KeyDirError(f"key {key_id:08x} still signs; switch the signer first")
+    (directory / f"{key_id:08x}.key").unlink()
+
+
+def share_id_from_handle(handle_type: int, kernel_bytes: bytes) -> bytes:
+    """A share's identity: a hash of its root directory's handle (node- and path-independent)."""
+    from cryptography.hazmat.primitives.hashes import Hash, SHA256
+
+    digest = Hash(SHA256())
+    digest.update(b"fhmon/share/v1\0" + handle_type.to_bytes(4, "big", signed=True)
+                  + kernel_bytes)
+    return digest.finalize()

@@ -1,0 +1,1 @@
+"""Sans-IO wire formats and kernel ABI for fhmon: bytes in, objects out, no sockets."""

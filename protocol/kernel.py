@@ -1,0 +1,175 @@
+"""Kernel ABI for seccomp user notifications and file handles (x86_64).
+
+Pure data: struct layouts, constants and ioctl numbers. Nothing here performs I/O, so
+every layout is tested byte for byte without a kernel.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+# --- syscalls and architecture -------------------------------------------------------
+AUDIT_ARCH_X86_64: Final = 0xC000003E
+SYS_NAME_TO_HANDLE_AT: Final = 303
+SYS_OPEN_BY_HANDLE_AT: Final = 304
+
+# --- seccomp user notification ioctls (include/uapi/linux/seccomp.h) -------------------
+SECCOMP_IOCTL_NOTIF_RECV: Final = 0xC0502100
+SECCOMP_IOCTL_NOTIF_SEND: Final = 0xC0182101
+SECCOMP_IOCTL_NOTIF_ID_VALID: Final = 0x40082102
+SECCOMP_IOCTL_NOTIF_ADDFD: Final = 0x40182103
+SECCOMP_IOCTL_NOTIF_SET_FLAGS: Final = 0x40082104
+
+SECCOMP_USER_NOTIF_FLAG_CONTINUE: Final = 1
+SECCOMP_ADDFD_FLAG_SETFD: Final = 1
+SECCOMP_ADDFD_FLAG_SEND: Final = 2
+SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP: Final = 1
+
+# --- *at() flags -------------------------------------------------------------------
+AT_FDCWD: Final = -100
+AT_SYMLINK_NOFOLLOW: Final = 0x100
+AT_SYMLINK_FOLLOW: Final = 0x400
+AT_EMPTY_PATH: Final = 0x1000
+AT_HANDLE_FID: Final = 0x200
+AT_HANDLE_MNT_ID_UNIQUE: Final = 0x001
+AT_HANDLE_CONNECTABLE: Final = 0x002
+
+# --- open(2) flags (x86_64 values) -----------------------------------------------------
+O_ACCMODE: Final = 0o3
+O_RDONLY: Final = 0o0
+O_WRONLY: Final = 0o1
+O_RDWR: Final = 0o2
+O_CREAT: Final = 0o100
+O_EXCL: Final = 0o200
+O_NOCTTY: Final = 0o400
+O_TRUNC: Final = 0o1000
+O_APPEND: Final = 0o2000
+O_NONBLOCK: Final = 0o4000
+O_DIRECTORY: Final = 0o200000
+O_NOFOLLOW: Final = 0o400000
+O_CLOEXEC: Final = 0o2000000
+O_PATH: Final = 0o10000000
+O_LARGEFILE: Final = 0o100000
+O_TMPFILE: Final = 0o20000000 | O_DIRECTORY
+
+# --- file handles (include/linux/exportfs.h, fs/fhandle.c) -------------------------------
+MAX_HANDLE_SZ: Final = 128
+FILE_HANDLE_HEADER_SIZE: Final = 8
+FILEID_INVALID: Final = 255
+FILEID_IS_CONNECTABLE: Final = 0x10000
+FILEID_IS_DIR: Final = 0x20000
+FILEID_USER_FLAGS_MASK: Final = 0xFFFF0000
+FILEID_VALID_USER_FLAGS: Final = FILEID_IS_CONNECTABLE | FILEID_IS_DIR
+
+PATH_MAX: Final = 4096
+PAGE_SIZE: Final = 4096
+
+_NOTIF = struct.Struct("<QIIiIQ6Q")
+_RESP = struct.Struct("<QqiI")
+_ADDFD = struct.Struct("<QIIII")
+_HANDLE_HEADER = struct.Struct("<Ii")
+_U64 = struct.Struct("<Q")
+
+SECCOMP_NOTIF_SIZE: Final = _NOTIF.size  # 80
+SECCOMP_NOTIF_RESP_SIZE: Final = _RESP.size  # 24
+SECCOMP_NOTIF_ADDFD_SIZE: Final = _ADDFD.size  # 24
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """One `struct seccomp_notif`: who called what, with which raw arguments."""
+
+    id: int
+    pid: int  # a thread id, in the receiver's pid namespace
+    flags: int
+    nr: int
+    arch: int
+    instruction_pointer: int
+    args: tuple[int, int, int, int, int, int]
+
+    @classmethod
+    def parse(cls, raw: bytes | bytearray | memoryview) -> Notification:
+        if len(raw) != SECCOMP_NOTIF_SIZE:
+            raise ValueError(f"seccomp_notif is {SECCOMP_NOTIF_SIZE} bytes, got {len(raw)}")
+        nid, pid, flags, nr, arch, ip, *args = _NOTIF.unpack(raw)
+        return cls(nid, pid, flags, nr, arch, ip, tuple(args))  # type: ignore[arg-type]
+
+    def pack(self) -> bytes:
+        return _NOTIF.pack(self.id, self.pid, self.flags, self.nr, self.arch,
+                           self.instruction_pointer, *self.args)
+
+
+def pack_response(notif_id: int, *, val: int = 0, error: int = 0, flags: int = 0) -> bytes:
+    """`struct seccomp_notif_resp`. `error` is a positive errno here; the ABI wants it negated."""
+    if error < 0:
+        raise ValueError("pass a positive errno")
+    return _RESP.pack(notif_id, val, -error, flags)
+
+
+def unpack_response(raw: bytes) -> tuple[int, int, int, int]:
+    nid, val, error, flags = _RESP.unpack(raw)
+    return nid, val, error, flags
+
+
+def pack_addfd(notif_id: int, srcfd: int, *, newfd: int = 0, newfd_flags: int = 0,
+               flags: int = 0) -> bytearray:
+    """`struct seccomp_notif_addfd`, mutable so that fcntl.ioctl returns the ioctl's value."""
+    return bytearray(_ADDFD.pack(notif_id, flags, srcfd, newfd, newfd_flags))
+
+
+def pack_u64(value: int) -> bytes:
+    return _U64.pack(value)
+
+
+def arg_int(value: int) -> int:
+    """A syscall's `int` argument: the low 32 bits of the register, sign-extended."""
+    low = value & 0xFFFFFFFF
+    return low - (1 << 32) if low & 0x80000000 else low
+
+
+def arg_ptr(value: int) -> int:
+    return value & 0xFFFFFFFFFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class FileHandleHeader:
+    """The fixed part of `struct file_handle`: u32 handle_bytes; i32 handle_type."""
+
+    handle_bytes: int
+    handle_type: int
+
+    @classmethod
+    def parse(cls, raw: bytes) -> FileHandleHeader:
+        if len(raw) != FILE_HANDLE_HEADER_SIZE:
+            raise ValueError("file_handle header is 8 bytes")
+        hb, ht = _HANDLE_HEADER.unpack(raw)
+        return cls(hb, ht)
+
+    def pack(self) -> bytes:
+        return _HANDLE_HEADER.pack(self.handle_bytes, self.handle_type)
+
+
+def pack_file_handle(handle_type: int, f_handle: bytes) -> bytes:
+    """A complete `struct file_handle` with handle_bytes = len(f_handle)."""
+    return _HANDLE_HEADER.pack(len(f_handle), handle_type) + f_handle
+
+
+def handle_type_is_valid(handle_type: int) -> bool:
+    """The type check open_by_handle_at makes before it looks at the fs (EINVAL otherwise)."""
+    if handle_type < 0:
+        return False
+    user_flags = handle_type & FILEID_USER_FLAGS_MASK
+    return not (user_flags & ~FILEID_VALID_USER_FLAGS)
+
+
+def split_page_ranges(addr: int, length: int) -> list[tuple[int, int]]:
+    """Cut [addr, addr+length) at page boundaries, so a fault costs only the pages past it."""
+    ranges: list[tuple[int, int]] = []
+    end = addr + length
+    while addr < end:
+        chunk = min(end, (addr // PAGE_SIZE + 1) * PAGE_SIZE) - addr
+        ranges.append((addr, chunk))
+        addr += chunk
+    return ranges

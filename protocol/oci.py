@@ -1,0 +1,127 @@
+"""The OCI runtime-spec seccomp listenerPath message (ContainerProcessState), sans-IO.
+
+runc sends compact JSON and closes; crun sends pretty-printed JSON (ociVersion "0.2.0") and
+may keep the connection open, so the parser works on a growing buffer and answers as soon as
+one whole JSON value is there, without waiting for EOF.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+MAX_STATE_SIZE: Final = 64 * 1024
+SECCOMP_FD_NAME: Final = "seccompFd"
+
+
+class OciStateError(Exception):
+    """The runtime's message is not a usable ContainerProcessState; the text says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerProcessState:
+    oci_version: str
+    fds: tuple[str, ...]
+    pid: int
+    metadata: str
+    container_id: str = ""
+    bundle: str = ""
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def seccomp_fd_index(self) -> int:
+        return self.fds.index(SECCOMP_FD_NAME)
+
+
+def parse_listener_metadata(metadata: str) -> dict[str, str]:
+    """`key=value` entries separated by ';' or newlines; later keys do not override earlier."""
+    entries: dict[str, str] = {}
+    for raw in metadata.replace("\r", "\n").replace(";", "\n").split("\n"):
+        entry = raw.strip()
+        if not entry:
+            continue
+        key, sep, value = entry.partition("=")
+        if not sep or not key.strip():
+            raise OciStateError(f"listenerMetadata entry {entry!r} is not key=value")
+        key = key.strip()
+        if key in entries:
+            raise OciStateError(f"listenerMetadata has {key!r} twice")
+        entries[key] = value.strip()
+    return entries
+
+
+def try_parse(buffer: bytes) -> ContainerProcessState | None:
+    """Parse the first JSON value in `buffer`; None if it is not complete yet."""
+    if len(buffer) > MAX_STATE_SIZE:
+        raise OciStateError(f"state message exceeds {MAX_STATE_SIZE} bytes")
+    try:
+        text = buffer.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.reason == "unexpected end of data" and exc.end == len(buffer):
+            return None
+        raise OciStateError("state message is not UTF-8") from None
+    stripped = text.lstrip()
+    if not stripped:
+        return None
+    if not stripped.startswith("{"):
+        raise OciStateError("state message is not a JSON object")
+    try:
+        value, end = json.JSONDecoder().raw_decode(stripped)
+    except json.JSONDecodeError as exc:
+        if _incomplete(stripped, exc):
+            return None
+        raise OciStateError(f"state message is not valid JSON: {exc.msg} at {exc.pos}") from None
+    if stripped[end:].strip():
+        raise OciStateError("bytes after the state message")
+    return validate(value)
+
+
+def _incomplete(text: str, exc: json.JSONDecodeError) -> bool:
+    """A decode error at the very end of the text means more bytes may still come."""
+    return exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+
+
+def validate(value: Any) -> ContainerProcessState:
+    if not isinstance(value, dict):
+        raise OciStateError("state message is not a JSON object")
+    oci_version = value.get("ociVersion")
+    if not isinstance(oci_version, str) or not oci_version:
+        raise OciStateError("ociVersion missing or not a string")
+    fds = value.get("fds")
+    if not isinstance(fds, list) or not all(isinstance(f, str) for f in fds):
+        raise OciStateError("fds missing or not a list of strings")
+    if fds.count(SECCOMP_FD_NAME) != 1:
+        raise OciStateError(f"fds must name {SECCOMP_FD_NAME!r} exactly once, got {fds}")
+    pid = value.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid > 2**22:
+        raise OciStateError("pid missing or not a positive integer")
+    metadata = value.get("metadata", "")
+    if not isinstance(metadata, str):
+        raise OciStateError("metadata is not a string")
+    state = value.get("state", {})
+    if not isinstance(state, dict):
+        raise OciStateError("state is not an object")
+    container_id = state.get("id", "")
+    bundle = state.get("bundle", "")
+    annotations = state.get("annotations") or {}
+    if not isinstance(container_id, str) or not isinstance(bundle, str):
+        raise OciStateError("state.id and state.bundle must be strings")
+    if not isinstance(annotations, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
+        raise OciStateError("state.annotations must map strings to strings")
+    state_pid = state.get("pid", pid)
+    if state_pid != pid and state_pid not in (0, None):
+        raise OciStateError("state.pid disagrees with pid")
+    return ContainerProcessState(oci_version, tuple(fds), pid, metadata, container_id, bundle,
+                                 dict(annotations))
+
+
+def share_from_metadata(metadata: str) -> str:
+    entries = parse_listener_metadata(metadata)
+    share = entries.get("share")
+    if not share:
+        raise OciStateError("listenerMetadata has no share=/path entry")
+    if not share.startswith("/"):
+        raise OciStateError(f"share {share!r} must be an absolute path")
+    return share
