@@ -1,0 +1,240 @@
+"""A target program for tests: performs raw syscalls on command, reports exactly what happened.
+
+Runs with only the standard library (it is started with the system python as uid 65534,
+under fhmon's filter or without it). Commands and answers are JSON lines on stdin/stdout.
+Buffers live in mmap'd pages next to a PROT_NONE guard page and a read-only page, so tests
+can place a pointer exactly where the kernel would fault.
+"""
+
+import ctypes
+import json
+import mmap
+import os
+import stat
+import struct
+import sys
+import threading
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+PAGE = mmap.PAGESIZE
+SYS_N2H, SYS_OBH = 303, 304
+CANARY = 0xA5
+
+
+class Arena:
+    """Pages: [rw][rw][rw][none][ro]. Placements name addresses within them."""
+
+    def __init__(self):
+        self.map = mmap.mmap(-1, 5 * PAGE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        if libc.mprotect(self.base + 3 * PAGE, PAGE, 0) != 0:
+            raise OSError(ctypes.get_errno(), "mprotect none")
+        if libc.mprotect(self.base + 4 * PAGE, PAGE, mmap.PROT_READ) != 0:
+            raise OSError(ctypes.get_errno(), "mprotect ro")
+        self.guard = self.base + 3 * PAGE
+        self.readonly = self.base + 4 * PAGE
+
+    def reset(self):
+        ctypes.memset(self.base, CANARY, 3 * PAGE)
+
+    def place(self, where, size, slot):
+        """Address for a buffer of `size` bytes; slot separates buffers of one call."""
+        if where == "normal":
+            return self.base + slot * PAGE + 64
+        if where == "end_of_page":  # ends exactly at the guard page
+            return self.guard - size
+        if where == "straddle":  # starts 4 bytes before the guard page
+            return self.guard - 4
+        if where == "unmapped":
+            return self.guard
+        if where == "readonly":
+            return self.readonly
+        if where == "null":
+            return 0
+        if where == "kernel":
+            return 0xFFFF800000000000
+        raise ValueError(where)
+
+    def read(self, addr, size):
+        if self.base <= addr and addr + size <= self.guard:
+            return ctypes.string_at(addr, size)
+        return None
+
+
+ARENA = Arena()
+FDS = {}
+
+
+def resolve_fd(spec):
+    if spec == "cwd":
+        return -100
+    if isinstance(spec, int):
+        return spec
+    return FDS[spec]
+
+
+def n2h(cmd):
+    ARENA.reset()
+    path = cmd.get("path", "")
+    raw_path = path.encode() + b"\0" if isinstance(path, str) else None
+    hb = cmd.get("handle_bytes", 128)
+    path_place = cmd.get("path_place", "normal")
+    if raw_path is not None and path_place != "normal" and path_place not in (
+            "unmapped", "null", "kernel"):
+        addr_path = ARENA.place(path_place, len(raw_path), 0)
+    else:
+        addr_path = ARENA.place(path_place, len(raw_path or b""), 0)
+    if addr_path and ARENA.base <= addr_path < ARENA.guard:
+        length = cmd.get("path_raw_len")
+        data = raw_path if length is None else (path.encode() * 10000)[:length]
+        if addr_path + len(data) > ARENA.guard:
+            data = data[: ARENA.guard - addr_path]
+        ctypes.memmove(addr_path, data, len(data))
+    handle_size = 8 + max(0, min(hb, 4096))
+    addr_handle = ARENA.place(cmd.get("handle_place", "normal"), handle_size, 1)
+    if ARENA.base <= addr_handle and addr_handle + 8 <= ARENA.guard:
+        ctypes.memmove(addr_handle, struct.pack("<Ii", hb & 0xFFFFFFFF, cmd.get("type_in", 0)), 8)
+    mnt_size = 8
+    addr_mnt = ARENA.place(cmd.get("mount_id_place", "normal"), mnt_size, 2)
+    dirfd = resolve_fd(cmd.get("dirfd", "cwd"))
+    r = libc.syscall(SYS_N2H, ctypes.c_long(dirfd), ctypes.c_void_p(addr_path),
+                     ctypes.c_void_p(addr_handle), ctypes.c_void_p(addr_mnt),
+                     ctypes.c_long(cmd.get("flags", 0)))
+    err = ctypes.get_errno() if r < 0 else 0
+    out = {"ret": r, "errno": err}
+    h = ARENA.read(addr_handle, 8 + 160) if addr_handle else None
+    if h is None and addr_handle and ARENA.base <= addr_handle < ARENA.guard:
+        h = ARENA.read(addr_handle, ARENA.guard - addr_handle)
+    out["handle_mem"] = h.hex() if h is not None else None
+    m = ARENA.read(addr_mnt, 8) if addr_mnt else None
+    out["mount_mem"] = m.hex() if m is not None else None
+    return out
+
+
+def obh(cmd):
+    ARENA.reset()
+    f_handle = bytes.fromhex(cmd["f_handle"])
+    hb = cmd.get("handle_bytes", len(f_handle))
+    raw = struct.pack("<Ii", hb & 0xFFFFFFFF, cmd.get("handle_type", 0)) + f_handle
+    place = cmd.get("handle_place", "normal")
+    addr = ARENA.place(place, len(raw), 1)
+    if addr and ARENA.base <= addr < ARENA.guard:
+        data = raw[: ARENA.guard - addr]
+        ctypes.memmove(addr, data, len(data))
+    mount_fd = resolve_fd(cmd.get("mount_fd", "share"))
+    r = libc.syscall(SYS_OBH, ctypes.c_long(mount_fd), ctypes.c_void_p(addr),
+                     ctypes.c_long(cmd.get("flags", 0)))
+    err = ctypes.get_errno() if r < 0 else 0
+    out = {"ret": r, "errno": err}
+    if r >= 0:
+        out.update(describe_fd(r))
+        if cmd.get("keep"):
+            FDS[cmd["keep"]] = r
+        else:
+            os.close(r)
+    return out
+
+
+def describe_fd(fd):
+    import fcntl
+    st = os.fstat(fd)
+    fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+    info = {"dev": st.st_dev, "ino": st.st_ino, "mode": st.st_mode,
+            "type": "dir" if stat.S_ISDIR(st.st_mode) else "reg" if stat.S_ISREG(st.st_mode)
+            else "other", "accmode": fl & 3, "o_path": bool(fl & os.O_PATH),
+            "cloexec": bool(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC),
+            "path": os.readlink(f"/proc/self/fd/{fd}")}
+    if stat.S_ISREG(st.st_mode) and fl & 3 != 1 and not fl & os.O_PATH:
+        try:
+            info["head"] = os.pread(fd, 64, 0).hex()
+        except OSError as exc:
+            info["read_errno"] = exc.errno
+    return info
+
+
+def do_open(cmd):
+    try:
+        fd = os.open(cmd["path"], cmd.get("flags", os.O_RDONLY))
+    except OSError as exc:
+        return {"ret": -1, "errno": exc.errno}
+    FDS[cmd["name"]] = fd
+    return {"ret": fd, "errno": 0}
+
+
+def probe_open(cmd):
+    """open(path, flags) as this process: the oracle for what an open should give."""
+    fd = libc.open(cmd["path"].encode(), ctypes.c_int(cmd.get("flags", 0)))  # no implicit CLOEXEC
+    if fd < 0:
+        return {"ret": -1, "errno": ctypes.get_errno()}
+    try:
+        return {"ret": fd, "errno": 0, **describe_fd(fd)}
+    finally:
+        os.close(fd)
+
+
+def whereis(cmd):
+    """Where a lookup lands (O_PATH, follow or not): path and type, as this process sees it."""
+    flags = os.O_PATH | (0 if cmd.get("follow") else os.O_NOFOLLOW)
+    try:
+        dirfd = resolve_fd(cmd.get("dirfd", "cwd"))
+        fd = os.open(cmd["path"], flags, dir_fd=None if dirfd == -100 else dirfd) if cmd[
+            "path"] else os.dup(dirfd) if dirfd != -100 else os.open(".", os.O_PATH)
+    except OSError as exc:
+        return {"errno": exc.errno}
+    try:
+        st = os.fstat(fd)
+        return {"errno": 0, "path": os.readlink(f"/proc/self/fd/{fd}"), "mode": st.st_mode}
+    finally:
+        os.close(fd)
+
+
+def hammer(cmd):
+    """Many calls on several threads; counts results (for load and isolation tests)."""
+    results = {}
+    lock = threading.Lock()
+    lat = []
+
+    def worker():
+        import time
+        for _ in range(cmd["calls"]):
+            t0 = time.perf_counter()
+            r = n2h({"path": cmd["path"], "dirfd": cmd.get("dirfd", "cwd")}) if cmd.get(
+                "op2", "n2h") == "n2h" else obh(dict(cmd["obh"]))
+            dt = time.perf_counter() - t0
+            with lock:
+                key = str(r["errno"])
+                results[key] = results.get(key, 0) + 1
+                lat.append(dt)
+
+    threads = [threading.Thread(target=worker) for _ in range(cmd.get("threads", 1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lat.sort()
+    return {"results": results, "p50": lat[len(lat) // 2], "p99": lat[int(len(lat) * 0.99)]}
+
+
+def main():
+    os.chdir(sys.argv[1] if len(sys.argv) > 1 else "/")
+    FDS["share"] = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    print(json.dumps({"ready": True, "pid": os.getpid(), "uid": os.getuid()}), flush=True)
+    ops = {"n2h": n2h, "obh": obh, "open": do_open, "whereis": whereis, "hammer": hammer,
+           "probe_open": probe_open,
+           "close": lambda c: (os.close(FDS.pop(c["name"])), {"ret": 0})[1],
+           "fdcount": lambda c: {"fds": len(os.listdir("/proc/self/fd"))}}
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "exit":
+            break
+        try:
+            out = ops[cmd["op"]](cmd)
+        except Exception as exc:  # report, keep serving the test
+            out = {"error": repr(exc)}
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

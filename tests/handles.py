@@ -1,0 +1,42 @@
+"""Helpers to read what an agent's call left in its memory."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+CANARY = 0xA5
+TRAILER = 20
+
+
+@dataclass
+class N2HResult:
+    ret: int
+    errno: int
+    handle_bytes: int | None
+    handle_type: int | None
+    f_handle: bytes
+    memory: bytes | None  # the handle buffer as left after the call (header + 160)
+    mount_mem: bytes | None
+
+    @classmethod
+    def of(cls, raw: dict[str, Any]) -> N2HResult:
+        mem = bytes.fromhex(raw["handle_mem"]) if raw.get("handle_mem") else None
+        hb = ht = None
+        f_handle = b""
+        if mem is not None and len(mem) >= 8:
+            hb, ht = struct.unpack_from("<Ii", mem, 0)
+            if raw["errno"] == 0:
+                f_handle = mem[8 : 8 + hb]
+        mount = bytes.fromhex(raw["mount_mem"]) if raw.get("mount_mem") else None
+        return cls(raw["ret"], raw["errno"], hb, ht, f_handle, mem, mount)
+
+    def written_extent(self) -> int:
+        """How many bytes of the handle buffer differ from the canary (last changed + 1)."""
+        assert self.memory is not None
+        last = -1
+        for i, b in enumerate(self.memory):
+            if b != CANARY:
+                last = i
+        return last + 1
