@@ -12,9 +12,8 @@ from typing import Any
 
 import trio
 
-from monitor import __version__, log
+from monitor import __version__, log, signing
 from monitor import config as cfg
-from monitor import signing
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ own trapped calls.
 from __future__ import annotations
 
 import array
+import contextlib
 import errno
 import os
 import pwd
@@ -99,10 +100,8 @@ def _child(channel: socket.socket, user: UserSpec | None, argv: list[str]) -> No
             signal.signal(sig, signal.SIG_DFL)
         os.execvp(argv[0], argv)
     except BaseException as exc:  # report to the parent, then die without cleanup handlers
-        try:
+        with contextlib.suppress(OSError):
             channel.sendall(_CHILD_ERR + f"{argv[0]}: {exc}".encode(errors="replace"))
-        except OSError:
-            pass
         os._exit(127)
 
 

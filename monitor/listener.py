@@ -75,7 +75,7 @@ class Listener:
         buf = kernel.pack_addfd(notif_id, srcfd,
                                 newfd_flags=kernel.O_CLOEXEC if cloexec else 0,
                                 flags=kernel.SECCOMP_ADDFD_FLAG_SEND)
-        return fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_ADDFD, buf, True)
+        return int(fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_ADDFD, buf, True))
 
     def set_sync_wakeup(self) -> bool:
         """SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP (6.6+); the flag is passed by value."""

@@ -20,7 +20,7 @@ _POLICY_ERRNOS = {errno.EACCES, errno.ESTALE, errno.EOPNOTSUPP, errno.ENOSYS, er
 class CallStats:
     results: Counter[tuple[str, str]] = field(default_factory=Counter)
     refusals: Counter[str] = field(default_factory=Counter)
-    seconds: Counter[str] = field(default_factory=Counter)
+    seconds: dict[str, float] = field(default_factory=dict)
     registrations: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, dict[str, int]]:
@@ -53,7 +53,7 @@ def metrics_middleware(stats: CallStats, observers: list[ObserveFn] | None = Non
                 elapsed = time.perf_counter() - start
                 result = result_name(failure)
                 stats.results[(name, result)] += 1
-                stats.seconds[name] += elapsed
+                stats.seconds[name] = stats.seconds.get(name, 0.0) + elapsed
                 for observe in extra:
                     observe(name, result, elapsed, ctx)
         return measured

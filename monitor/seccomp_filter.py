@@ -14,7 +14,6 @@ import os
 
 import pyseccomp
 
-
 SYS_SECCOMP = 317
 SECCOMP_SET_MODE_FILTER = 1
 SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3

@@ -8,6 +8,7 @@ and the finally blocks close every fd.
 from __future__ import annotations
 
 import array
+import contextlib
 import errno
 import itertools
 import json
@@ -132,12 +133,13 @@ class Service:
                 os.unlink(path)
         except FileNotFoundError:
             pass
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        old_umask = os.umask(0o177)
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old_umask = os.umask(0o177)  # the socket is born 0600; chmod widens it if configured
         try:
-            sock._sock.bind(path)  # synchronous bind before anyone can connect
+            raw.bind(path)
         finally:
             os.umask(old_umask)
+        sock = trio.socket.from_stdlib_socket(raw)
         os.chown(path, self.config.socket_owner if self.config.socket_owner is not None else -1,
                  self.config.socket_group if self.config.socket_group is not None else -1)
         os.chmod(path, self.config.socket_mode)
@@ -165,10 +167,8 @@ class Service:
                     nursery.start_soon(self._connection, conn, nursery)
         finally:
             sock.close()
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self.config.socket)
-            except OSError:
-                pass
             log.event("shutdown", counters=self.stats.as_dict(),
                       refusals=dict(self.stats.refusals),
                       registrations=dict(self.stats.registrations),
@@ -411,10 +411,8 @@ async def _recv_with_fds(conn: trio.socket.SocketType, fds: list[int]) -> tuple[
         for fd in fds:
             _close_quietly(fd)
         fds.clear()
-        try:
+        with contextlib.suppress(OSError):
             await conn.send(native.encode(native.Refuse(errno.EINVAL, raise_refusal)))
-        except OSError:
-            pass
         return b"", fds
     return data, fds
 
@@ -451,7 +449,5 @@ async def _read_oci(conn: trio.socket.SocketType, data: bytes,
 
 
 def _close_quietly(fd: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.close(fd)
-    except OSError:
-        pass

@@ -175,7 +175,7 @@ def retire(key_dir: str | Path, key_id: int) -> None:
 
 def share_id_from_handle(handle_type: int, kernel_bytes: bytes) -> bytes:
     """A share's identity: a hash of its root directory's handle (node- and path-independent)."""
-    from cryptography.hazmat.primitives.hashes import Hash, SHA256
+    from cryptography.hazmat.primitives.hashes import SHA256, Hash
 
     digest = Hash(SHA256())
     digest.update(b"fhmon/share/v1\0" + handle_type.to_bytes(4, "big", signed=True)

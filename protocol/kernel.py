@@ -94,7 +94,8 @@ class Notification:
         if len(raw) != SECCOMP_NOTIF_SIZE:
             raise ValueError(f"seccomp_notif is {SECCOMP_NOTIF_SIZE} bytes, got {len(raw)}")
         nid, pid, flags, nr, arch, ip, *args = _NOTIF.unpack(raw)
-        return cls(nid, pid, flags, nr, arch, ip, tuple(args))  # type: ignore[arg-type]
+        a0, a1, a2, a3, a4, a5 = args
+        return cls(nid, pid, flags, nr, arch, ip, (a0, a1, a2, a3, a4, a5))
 
     def pack(self) -> bytes:
         return _NOTIF.pack(self.id, self.pid, self.flags, self.nr, self.arch,

@@ -112,7 +112,8 @@ Message = Hello | Accept | Refuse | Ping | Pong | StatusRequest | StatusReply
 def _frame(kind: Kind, payload: bytes, version: int = PROTOCOL_VERSION) -> bytes:
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
-    return Header.build({"version": version, "kind": int(kind), "length": len(payload)}) + payload
+    header: bytes = Header.build({"version": version, "kind": int(kind), "length": len(payload)})
+    return header + payload
 
 
 def encode(message: Message) -> bytes:

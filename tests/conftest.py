@@ -7,6 +7,7 @@ calling the kernel directly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -114,12 +115,12 @@ class Service:
                            capture_output=True)
         self.log_path = self.dir / "serve.log"
         self.argv = [FHMON, "serve", "--socket", self.socket, "--key-dir", str(self.key_dir),
-                     *sum((["--allow", a] for a in allow), []), *(extra or [])]
+                     *[arg for a in allow for arg in ("--allow", a)], *(extra or [])]
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     def start(self) -> None:
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=self._log)
         deadline = time.monotonic() + 15
         while not os.path.exists(self.socket):
@@ -134,10 +135,8 @@ class Service:
         code = self.proc.wait(timeout=15)
         self._log.close()
         if sig == signal.SIGKILL:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket)
-            except FileNotFoundError:
-                pass
         return code
 
     def log_text(self) -> str:

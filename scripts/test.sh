@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# One command: set up, then run every test (unit, kernel, adversarial, deploy, end-to-end).
+# Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/unit -x`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if [ -x tests/e2e/env/prepare.sh ] || [ -f tests/e2e/env/prepare.sh ]; then
+    bash tests/e2e/env/prepare.sh
+fi
+.venv/bin/ruff check monitor protocol tests bench
+.venv/bin/mypy monitor protocol
+exec .venv/bin/python -m pytest -p no:cacheprovider "${@:-tests}"
