@@ -192,6 +192,11 @@ class Agent:
             assert socket is not None
             argv = [FHMON, "launch", "--socket", socket, "--share", str(share),
                     *(["--user", str(user)] if user is not None else []), "--", *agent_argv]
+        elif mode in ("runc", "crun"):
+            assert socket is not None
+            argv = [sys.executable, "-m", "tests.oci_runtime", mode, socket, str(share), "--",
+                    *agent_argv]
+            kwargs = {"cwd": str(HERE.parent)}
         else:
             argv = agent_argv
             if user is not None:
