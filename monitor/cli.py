@@ -1,4 +1,4 @@
-"""The `fhmon` command line: serve, launch, keygen, probe, status."""
+"""The `fhmon` command line: serve, launch, keygen, probe, status, check."""
 
 from __future__ import annotations
 
@@ -164,6 +164,21 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    from monitor.check import run_checks
+
+    results = run_checks(args.key_dir, args.socket)
+    width = max(len(r.name) for r in results)
+    for r in results:
+        mark = "ok  " if r.ok else ("FAIL" if r.required else "warn")
+        print(f"{mark} {r.name:<{width}}  {r.detail}")
+    missing = [r.name for r in results if r.required and not r.ok]
+    if missing:
+        print(f"fhmon check: missing: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fhmon", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fhmon {__version__}")
@@ -198,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--user", help="UID[:GID] to run CMD as")
     launch.add_argument("command", nargs=argparse.REMAINDER)
     launch.set_defaults(func=_launch)
+
+    check = sub.add_parser("check", help="report kernel support, capabilities, key and "
+                           "socket dirs; exit non-zero naming what is missing")
+    check.add_argument("--key-dir", dest="key_dir")
+    check.add_argument("--socket")
+    check.set_defaults(func=_check)
 
     for name, func, text in (("probe", _probe, "health check: exit 0 if fhmon answers"),
                              ("status", _status, "show registered targets and counters")):

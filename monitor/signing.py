@@ -85,7 +85,7 @@ class KeyRing:
                               f"create one with `fhmon keygen --key-dir {directory}`") from None
         if not stat.S_ISDIR(st.st_mode):
             raise KeyDirError(f"key directory {directory} is not a directory")
-        if st.st_mode & 0o022:
+        if st.st_mode & 0o022 and not _read_only_mount(directory):
             raise KeyDirError(f"key directory {directory} is writable by group or others "
                               f"(mode {st.st_mode & 0o777:o}); chmod 0700 it")
         keys: dict[int, bytes] = {}
@@ -120,7 +120,7 @@ def _read_key(path: Path) -> bytes:
         text = path.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise KeyDirError(f"cannot read key {path}: {exc}") from None
-    if st.st_mode & 0o022:
+    if st.st_mode & 0o022 and not _read_only_mount(path.parent):
         raise KeyDirError(f"key {path} is writable by group or others; chmod 0600 it")
     try:
         key = bytes.fromhex(text)
@@ -129,6 +129,14 @@ def _read_key(path: Path) -> bytes:
     if len(key) < MIN_KEY_BYTES:
         raise KeyDirError(f"key {path} has {len(key)} bytes; at least {MIN_KEY_BYTES} needed")
     return key
+
+
+def _read_only_mount(path: Path) -> bool:
+    """A read-only mount (a Kubernetes Secret volume) cannot be written whatever its modes."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _write_atomically(path: Path, text: str) -> None:

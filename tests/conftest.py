@@ -101,6 +101,51 @@ def world() -> Iterator[World]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+@dataclass
+class Runner:
+    """How to run fhmon's Python code as an unprivileged uid (argv prefix and environment)."""
+
+    python: list[str]
+    env: dict[str, str]
+
+    def fhmon(self, *args: str) -> list[str]:
+        return [*self.python, "-m", "monitor.cli", *args]
+
+
+@pytest.fixture(scope="session")
+def unprivileged(world: World) -> Runner:
+    """The venv as it is if uid 65534 can run it; else a world-readable copy of what it needs.
+
+    (A checkout under a 0700 directory, or a venv whose interpreter lives under /root, is
+    unreachable for uid 65534; the copy keeps those tests independent of where CI clones.)
+    """
+    repo = HERE.parent
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo)}
+    probe = [sys.executable, "-c", "import monitor.cli, trio, pyseccomp, cryptography"]
+    try:
+        if subprocess.run(probe, user=NOBODY, group=NOBODY, extra_groups=[], env=env,
+                          capture_output=True).returncode == 0:
+            return Runner([sys.executable], env)
+    except PermissionError:
+        pass
+    import sysconfig
+    copy = world.base / "pylib"
+    shutil.copytree(sysconfig.get_paths()["purelib"], copy, symlinks=False,
+                    ignore=shutil.ignore_patterns("__pycache__", "_pytest", "hypothesis"))
+    for package in ("monitor", "protocol", "tests"):
+        shutil.copytree(repo / package, copy / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "e2e", "deploy"))
+    for path in [copy, *copy.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(copy)}
+    runner = Runner([SYSTEM_PYTHON], env)
+    check = subprocess.run([*runner.python, "-c", "import monitor.cli, trio, pyseccomp"],
+                           user=NOBODY, group=NOBODY, extra_groups=[], env=env,
+                           capture_output=True, text=True)
+    assert check.returncode == 0, f"cannot run fhmon as uid {NOBODY}: {check.stderr}"
+    return runner
+
+
 class Service:
     """A running `fhmon serve` (root) with its own socket and key dir."""
 

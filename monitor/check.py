@@ -1,0 +1,145 @@
+"""`fhmon check`: can this host and this process run fhmon? Each check names what is missing."""
+
+from __future__ import annotations
+
+import array
+import errno
+import fcntl
+import os
+import platform
+import socket
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from monitor import linux, seccomp_filter, signing
+from protocol import kernel
+
+CAPS = {"CAP_DAC_READ_SEARCH": (2, "open_by_handle_at"),
+        "CAP_SETGID": (6, "switch fsgid/groups to the target's for permission checks"),
+        "CAP_SETUID": (7, "switch fsuid to the target's for permission checks"),
+        "CAP_SYS_PTRACE": (19, "pidfd_getfd and process_vm_readv/writev on targets")}
+
+
+@dataclass
+class Result:
+    name: str
+    ok: bool
+    detail: str
+    required: bool = True
+
+
+def _kernel_version() -> tuple[int, int]:
+    parts = platform.release().split(".")
+    return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+
+
+def check_user_notif() -> Result:
+    try:
+        with open("/proc/sys/kernel/seccomp/actions_avail") as handle:
+            actions = handle.read().split()
+    except OSError as exc:
+        return Result("seccomp user notification", False, f"no seccomp in this kernel: {exc}")
+    ok = "user_notif" in actions
+    return Result("seccomp user notification", ok,
+                  "available" if ok else "kernel lacks SECCOMP_RET_USER_NOTIF (needs 5.0+)")
+
+
+def check_addfd_send() -> Result:
+    ok = _kernel_version() >= (5, 14)
+    return Result("SECCOMP_ADDFD_FLAG_SEND", ok, f"kernel {platform.release()}"
+                  + ("" if ok else ": needs 5.14+ to inject fds atomically"))
+
+
+def _listener_probe() -> tuple[bool, str]:
+    """Install the real filter in a child and try SET_FLAGS(SYNC_WAKE_UP) on its listener."""
+    parent, child = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            parent.close()
+            fd = seccomp_filter.install(seccomp_filter.build_program())
+            child.sendmsg([b"L"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                    array.array("i", [fd]))])
+            child.recv(1)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    child.close()
+    try:
+        _, ancdata, _, _ = parent.recvmsg(8, socket.CMSG_SPACE(4))
+        if not ancdata:
+            return False, "could not install a filter with NEW_LISTENER"
+        fd = array.array("i", ancdata[0][2][:4])[0]
+        try:
+            fcntl.ioctl(fd, kernel.SECCOMP_IOCTL_NOTIF_SET_FLAGS,
+                        kernel.SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)
+            return True, "available"
+        except OSError as exc:
+            return False, f"SET_FLAGS: {os.strerror(exc.errno or errno.EINVAL)} (needs 6.6+)"
+        finally:
+            os.close(fd)
+    finally:
+        parent.close()
+        os.waitpid(pid, 0)
+
+
+def check_sync_wakeup() -> Result:
+    ok, detail = _listener_probe()
+    return Result("SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP", ok, detail, required=False)
+
+
+def check_pidfd_thread() -> Result:
+    try:
+        fd = linux.pidfd_open(os.getpid(), linux.PIDFD_THREAD)
+        os.close(fd)
+        return Result("PIDFD_THREAD", True, "available", required=False)
+    except OSError as exc:
+        return Result("PIDFD_THREAD", False, f"{os.strerror(exc.errno or 0)}: thread ids are "
+                      f"mapped to their thread group instead (6.9+ has it)", required=False)
+
+
+def check_capabilities() -> list[Result]:
+    effective, _, _ = linux.capget_thread()
+    return [Result(name, bool(effective & (1 << bit)), reason)
+            for name, (bit, reason) in CAPS.items()]
+
+
+def check_key_dir(key_dir: str) -> Result:
+    try:
+        ring = signing.KeyRing.load(key_dir)
+    except signing.KeyDirError as exc:
+        return Result("key directory", False, str(exc))
+    return Result("key directory", True, f"{len(ring.key_ids)} key(s), signer "
+                  f"{ring.signer:08x}")
+
+
+def check_socket_dir(socket_path: str) -> Result:
+    directory = os.path.dirname(socket_path) or "."
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return Result("socket directory", True, f"{directory} will be created")
+    except OSError as exc:
+        return Result("socket directory", False, f"{directory}: {exc.strerror}")
+    if st.st_mode & 0o002:
+        return Result("socket directory", False, f"{directory} is world-writable "
+                      f"(mode {stat.S_IMODE(st.st_mode):o}): anyone could replace the socket")
+    return Result("socket directory", True, f"{directory} mode {stat.S_IMODE(st.st_mode):o}")
+
+
+def run_checks(key_dir: str | None, socket_path: str | None) -> list[Result]:
+    steps: list[Callable[[], Result | list[Result]]] = [
+        check_user_notif, check_addfd_send, check_sync_wakeup, check_pidfd_thread,
+        check_capabilities]
+    if key_dir:
+        steps.append(lambda: check_key_dir(key_dir))
+    if socket_path:
+        steps.append(lambda: check_socket_dir(socket_path))
+    results: list[Result] = []
+    for step in steps:
+        out = step()
+        results.extend(out if isinstance(out, list) else [out])
+    return results

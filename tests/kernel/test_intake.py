@@ -1,0 +1,261 @@
+"""Registration: the native protocol, the OCI listenerPath convention, and their refusals."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol import native
+from tests.conftest import FHMON, Agent, Runner, Service, World
+from tests.handles import N2HResult
+from tests.listeners import FilteredChild, filtered_child, hello, send_raw
+
+
+@pytest.fixture
+def child() -> Iterator[FilteredChild]:
+    c = filtered_child()
+    yield c
+    c.close()
+
+
+def answer(raw: bytes) -> native.Message:
+    decoder = native.FrameDecoder()
+    decoder.feed(raw)
+    message = decoder.next_message()
+    assert message is not None, raw
+    return message
+
+
+def refused(raw: bytes, err: int, words: str) -> None:
+    message = answer(raw)
+    assert isinstance(message, native.Refuse), message
+    assert message.errno == err, message
+    assert words in message.reason, message
+
+
+@pytest.mark.parametrize("style", ["runc", "crun"])
+def test_oci_runtime_registration(style: str, spawn: Any, fhmon: Service) -> None:
+    agent: Agent = spawn(style)
+    assert agent.hello["uid"] == 65534
+    r = N2HResult.of(agent.call("n2h", path="dir/inner"))
+    assert r.errno == 0
+    opened = agent.call("obh", handle_type=r.handle_type, f_handle=r.f_handle.hex())
+    assert opened["errno"] == 0 and bytes.fromhex(opened["head"]) == b"inner file\n"
+    targets = {t["pid"]: t for t in fhmon.status()["targets"]}
+    assert targets[agent.pid]["convention"] == "oci"
+
+
+def test_native_accept_and_status(child: FilteredChild, fhmon: Service, world: World) -> None:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(fhmon.socket)
+        import array
+        sock.sendmsg([hello(str(world.main), child.pid)],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [child.listener]))])
+        message = answer(sock.recv(65536))
+        assert isinstance(message, native.Accept)
+        assert f"share {world.main}" in message.message
+        assert child.pid in [t["pid"] for t in fhmon.status()["targets"]]
+        # The same listener again (a dup): refused, whoever sends it.
+        dup = os.dup(child.listener)
+        try:
+            refused(send_raw(fhmon.socket, hello(str(world.main), child.pid), [dup]),
+                    errno.EEXIST, "already registered")
+        finally:
+            os.close(dup)
+
+
+class TestRefusals:
+    def test_share_outside_allow_list(self, child: FilteredChild, fhmon: Service,
+                                      world: World) -> None:
+        refused(send_raw(fhmon.socket, hello(str(world.outside), child.pid), [child.listener]),
+                errno.EACCES, "not in the allow-list")
+
+    def test_share_path_through_a_symlink(self, child: FilteredChild, fhmon: Service,
+                                          world: World) -> None:
+        link = world.shares / "sneaky"
+        link.symlink_to(world.main)
+        try:
+            refused(send_raw(fhmon.socket, hello(str(link), child.pid), [child.listener]),
+                    errno.ELOOP, "symlink")
+        finally:
+            link.unlink()
+
+    def test_relative_and_missing_shares(self, child: FilteredChild, fhmon: Service,
+                                         world: World) -> None:
+        refused(send_raw(fhmon.socket, hello("shares/main", child.pid), [child.listener]),
+                errno.EINVAL, "absolute")
+        refused(send_raw(fhmon.socket, hello(str(world.shares / "nope"), child.pid),
+                         [child.listener]), errno.ENOENT, "No such file")
+
+    @pytest.mark.parametrize("count", [0, 2, 10])
+    def test_wrong_number_of_fds(self, count: int, fhmon: Service, world: World) -> None:
+        fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(count)]
+        try:
+            refused(send_raw(fhmon.socket, hello(str(world.main), os.getpid()), fds),
+                    errno.EINVAL, "exactly one fd")
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def test_fd_that_is_not_a_listener(self, fhmon: Service, world: World) -> None:
+        r, w = os.pipe()
+        try:
+            refused(send_raw(fhmon.socket, hello(str(world.main), os.getpid()), [r]),
+                    errno.EINVAL, "not a seccomp listener")
+        finally:
+            os.close(r)
+            os.close(w)
+
+    def test_unknown_version_garbage_and_oversize(self, fhmon: Service, world: World) -> None:
+        refused(send_raw(fhmon.socket, hello(str(world.main), 1, version=9)), errno.EPROTO,
+                "unsupported protocol version")
+        refused(send_raw(fhmon.socket, b"FHMX" + b"\0" * 40), errno.EPROTO, "bad magic")
+        big = native.Header.build({"version": 1, "kind": 1, "length": 1 << 20})
+        refused(send_raw(fhmon.socket, big), errno.EPROTO, "exceeds")
+        assert send_raw(fhmon.socket, hello(str(world.main), 1)[:10], close_write=True) == b""
+
+    @pytest.mark.parametrize("payload", [
+        b"{not json", b'{"ociVersion": "1.0.2", "fds": [], "pid": 1}',
+        b'{"ociVersion": "1.0.2", "fds": ["seccompFd"], "pid": 1, "metadata": "x=y"}',
+        b"[1, 2, 3]", b"{" + b" " * 70000 + b"}", b"\xff\xfe",
+    ])
+    def test_malformed_oci_states_close_and_keep_nothing(self, payload: bytes,
+                                                         fhmon: Service) -> None:
+        before = fhmon.fd_count()
+        r, w = os.pipe()
+        try:
+            assert send_raw(fhmon.socket, payload, [r], close_write=True) == b""
+        finally:
+            os.close(r)
+            os.close(w)
+        time.sleep(0.1)
+        assert fhmon.fd_count() == before
+
+    def test_oci_listener_of_someone_elses_process(self, child: FilteredChild,
+                                                   fhmon: Service, world: World) -> None:
+        state = {"ociVersion": "1.0.2", "fds": ["seccompFd"], "pid": child.pid,
+                 "metadata": f"share={world.outside}"}
+        send_raw(fhmon.socket, json.dumps(state).encode(), [child.listener], close_write=True)
+        assert child.pid not in [t["pid"] for t in fhmon.status()["targets"]]
+        assert any(e.get("event") == "registration_refused" and "allow-list" in e.get(
+            "reason", "") for e in fhmon.events())
+
+    def test_fhmon_keeps_serving_and_fd_count_is_stable(self, fhmon: Service,
+                                                        spawn: Any) -> None:
+        before = fhmon.fd_count()
+        for _ in range(20):
+            send_raw(fhmon.socket, b"garbage" * 10, close_write=True)
+        agent: Agent = spawn()
+        assert agent.call("n2h", path="file")["errno"] == 0
+        agent.close()
+        time.sleep(0.2)
+        assert fhmon.fd_count() == before
+
+
+@pytest.fixture(scope="module")
+def strict_fhmon(world: World) -> Iterator[Service]:
+    """A second instance: short intake timeout, a group-accessible socket for uid 65534."""
+    config = world.base / "strict.toml"
+    config.write_text('registration_timeout = 0.5\nsocket_mode = "0660"\nsocket_group = 65534\n')
+    private = world.shares / "private"
+    private.mkdir(mode=0o700, exist_ok=True)
+    service = Service(world.base, [str(world.shares / "*")], name="strict",
+                      extra=["--config", str(config)])
+    os.chmod(service.dir, 0o755)
+    yield service
+    service.stop()
+
+
+class TestUnprivilegedClients:
+    def test_slow_loris_is_timed_out(self, strict_fhmon: Service) -> None:
+        start = time.monotonic()
+        assert send_raw(strict_fhmon.socket, b"", timeout=5) == b""
+        assert time.monotonic() - start < 3
+
+    def test_unprivileged_launch_registers(self, strict_fhmon: Service, world: World,
+                                           unprivileged: Runner) -> None:
+        proc = subprocess.run(unprivileged.fhmon(
+            "launch", "--socket", strict_fhmon.socket, "--share", str(world.main), "--",
+            "/bin/sh", "-c", "id -u"), capture_output=True, text=True, timeout=30, user=65534,
+            group=65534, extra_groups=[], env=unprivileged.env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == "65534"
+        events = [e for e in strict_fhmon.events() if e.get("event") == "target_registered"]
+        assert events and events[-1]["peer_uid"] == 65534
+
+    def test_unprivileged_client_cannot_register_a_share_it_cannot_reach(
+            self, strict_fhmon: Service, world: World, unprivileged: Runner) -> None:
+        proc = subprocess.run(unprivileged.fhmon(
+            "launch", "--socket", strict_fhmon.socket, "--share", str(world.shares / "private"),
+            "--", "/bin/true"), capture_output=True, text=True, timeout=30, user=65534,
+            group=65534, extra_groups=[], env=unprivileged.env)
+        assert proc.returncode != 0
+        assert "refused" in proc.stderr and "Permission denied" in proc.stderr
+
+    def test_unprivileged_client_cannot_claim_another_users_process(
+            self, strict_fhmon: Service, world: World, unprivileged: Runner) -> None:
+        child = filtered_child(uid=65534)
+        try:
+            script = (
+                "import socket, array, sys\n"
+                "from tests.listeners import send_raw, hello\n"
+                f"print(send_raw({strict_fhmon.socket!r}, hello({str(world.main)!r}, 1), "
+                "[int(sys.argv[1])]).hex())\n")
+            fd = os.dup(child.listener)
+            os.set_inheritable(fd, True)
+            proc = subprocess.run([*unprivileged.python, "-c", script, str(fd)],
+                                  capture_output=True, text=True, timeout=30, user=65534,
+                                  group=65534, extra_groups=[], pass_fds=[fd], cwd="/",
+                                  env=unprivileged.env)
+            os.close(fd)
+            assert proc.returncode == 0, proc.stderr
+            refused(bytes.fromhex(proc.stdout.strip()), errno.EPERM, "does not belong")
+        finally:
+            child.close()
+
+
+class TestLauncher:
+    def test_refused_registration_never_runs_the_command(self, fhmon: Service, world: World,
+                                                         tmp_path: Path) -> None:
+        marker = tmp_path / "ran"
+        proc = subprocess.run([FHMON, "launch", "--socket", fhmon.socket, "--share",
+                               str(world.outside), "--", "touch", str(marker)],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode != 0
+        assert "not in the allow-list" in proc.stderr
+        assert not marker.exists()
+
+    def test_missing_service(self, world: World) -> None:
+        proc = subprocess.run([FHMON, "launch", "--socket", str(world.base / "absent.sock"),
+                               "--share", str(world.main), "--", "/bin/true"],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode != 0 and "cannot reach fhmon" in proc.stderr
+
+    def test_exit_status_and_signal_forwarding(self, fhmon: Service, world: World) -> None:
+        proc = subprocess.run([FHMON, "launch", "--socket", fhmon.socket, "--share",
+                               str(world.main), "--user", "65534", "--", "sh", "-c", "exit 7"],
+                              capture_output=True, timeout=30)
+        assert proc.returncode == 7
+        p = subprocess.Popen([FHMON, "launch", "--socket", fhmon.socket, "--share",
+                              str(world.main), "--user", "65534", "--", "sh", "-c",
+                              "trap 'exit 42' TERM; echo ready; while :; do sleep 0.05; done"],
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=10) == 42
+
+    def test_target_does_not_inherit_the_listener(self, spawn: Any) -> None:
+        agent: Agent = spawn()
+        links = [os.readlink(f"/proc/{agent.pid}/fd/{n}")
+                 for n in os.listdir(f"/proc/{agent.pid}/fd")]
+        assert "anon_inode:seccomp notify" not in links

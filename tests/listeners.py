@@ -1,0 +1,91 @@
+"""Real seccomp listeners for intake tests: a child installs the filter and hands us the fd."""
+
+from __future__ import annotations
+
+import array
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+
+from monitor import seccomp_filter
+from protocol import native
+
+
+@dataclass
+class FilteredChild:
+    pid: int
+    listener: int
+
+    def close(self) -> None:
+        try:
+            os.close(self.listener)
+        except OSError:
+            pass
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def filtered_child(uid: int = 65534) -> FilteredChild:
+    """A child (uid) under the handle filter that just sleeps; we hold its listener."""
+    parent, child = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            parent.close()
+            program = seccomp_filter.build_program()
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            fd = seccomp_filter.install(program)
+            child.sendmsg([b"L"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                    array.array("i", [fd]))])
+            os.close(fd)
+            child.recv(1)  # until the parent closes or kills us
+        finally:
+            os._exit(0)
+    child.close()
+    _, ancdata, _, _ = parent.recvmsg(16, socket.CMSG_SPACE(4))
+    fd = array.array("i", ancdata[0][2][:4])[0]
+    parent.detach()  # keep the child's socket end alive: it waits on it
+    return FilteredChild(pid, fd)
+
+
+def send_raw(sock_path: str, data: bytes, fds: list[int] | None = None,
+             timeout: float = 5.0, close_write: bool = False) -> bytes:
+    """Send bytes (+fds) to fhmon and return whatever it answers before closing/timeout."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(sock_path)
+        if fds:
+            sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        elif data:
+            sock.sendall(data)
+        if close_write:
+            sock.shutdown(socket.SHUT_WR)
+        out = b""
+        deadline = time.monotonic() + timeout
+        decoder = native.FrameDecoder()
+        while time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            out += chunk
+            try:
+                decoder.feed(chunk)
+                if decoder.next_message() is not None:
+                    break
+            except native.ProtocolError:
+                break
+        return out
+
+
+def hello(share: str, pid: int, version: int = native.PROTOCOL_VERSION) -> bytes:
+    return native.encode(native.Hello(pid, share, "test", version=version))
