@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import contextlib
 import os
 import signal
 import socket
@@ -19,10 +20,8 @@ class FilteredChild:
     listener: int
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(self.listener)
-        except OSError:
-            pass
         try:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)

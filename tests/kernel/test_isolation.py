@@ -1,0 +1,102 @@
+"""Isolation and resources: many targets, threads, killed and stopped targets, 10,000 calls."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from tests.conftest import Agent, Service
+from tests.handles import N2HResult
+
+
+def wait_for(predicate: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())
+
+
+def test_concurrent_multithreaded_targets(spawn: Any) -> None:
+    agents: list[Agent] = [spawn() for _ in range(4)]
+    results: dict[int, Any] = {}
+
+    def run(i: int, agent: Agent) -> None:
+        results[i] = agent.call("hammer", path="dir/inner", calls=250, threads=4)
+
+    threads = [threading.Thread(target=run, args=(i, a)) for i, a in enumerate(agents)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(results) == 4
+    for out in results.values():
+        assert out["results"] == {"0": 1000}, out
+
+
+def test_killed_target_frees_everything_and_others_keep_working(spawn: Any,
+                                                                fhmon: Service) -> None:
+    bystander: Agent = spawn()
+    assert bystander.call("n2h", path="file")["errno"] == 0
+    baseline = fhmon.fd_count()
+    victim: Agent = spawn()
+    assert victim.call("n2h", path="file")["errno"] == 0
+    assert victim.proc.stdin is not None
+    victim.proc.stdin.write('{"op": "hammer", "path": "dir/inner", "calls": 100000, '
+                            '"threads": 4}\n')
+    victim.proc.stdin.flush()
+    time.sleep(0.5)  # calls in flight, some of them inside fhmon right now
+    target_pid = victim.pid
+    os.kill(target_pid, signal.SIGKILL)
+    victim.proc.wait(timeout=10)
+    assert wait_for(lambda: target_pid not in [t["pid"] for t in fhmon.status()["targets"]])
+    assert wait_for(lambda: fhmon.fd_count() == baseline), (fhmon.fd_count(), baseline)
+    for _ in range(100):
+        assert bystander.call("n2h", path="file")["errno"] == 0
+
+
+def test_stopped_target_does_not_block_others(spawn: Any) -> None:
+    stopped: Agent = spawn()
+    other: Agent = spawn()
+    assert stopped.proc.stdin is not None
+    stopped.proc.stdin.write('{"op": "hammer", "path": "file", "calls": 100000, "threads": 2}\n')
+    stopped.proc.stdin.flush()
+    time.sleep(0.3)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        for _ in range(200):
+            assert other.call("n2h", path="dir")["errno"] == 0
+        assert time.monotonic() - start < 20
+    finally:
+        os.kill(stopped.pid, signal.SIGKILL)
+
+
+def test_ten_thousand_calls_keep_fds_and_memory_flat(spawn: Any, fhmon: Service) -> None:
+    agent: Agent = spawn()
+    h = N2HResult.of(agent.call("n2h", path="file"))
+    obh = {"handle_type": h.handle_type, "f_handle": h.f_handle.hex()}
+    bad = {"handle_type": h.handle_type, "f_handle": (h.f_handle[:-1] + b"\0").hex()}
+    # warm up (imports, caches), then measure
+    agent.call("hammer", path="file", calls=500, threads=2)
+    fds_before, rss_before = fhmon.fd_count(), fhmon.rss_kib()
+    for spec in ({"path": "dir/inner"}, {"op2": "obh", "obh": obh, "path": ""},
+                 {"op2": "obh", "obh": bad, "path": ""}, {"path": "missing"}):
+        out = agent.call("hammer", calls=625, threads=4, **spec)
+        assert sum(out["results"].values()) == 2500
+    assert agent.call("fdcount")["fds"] < 20  # every injected fd was closed by the agent
+    assert fhmon.fd_count() == fds_before
+    growth = fhmon.rss_kib() - rss_before
+    assert growth < 4096, f"fhmon RSS grew by {growth} KiB over 10,000 calls"
+
+
+def test_thread_ids_are_mapped_to_their_process(spawn: Any) -> None:
+    agent: Agent = spawn()
+    out = agent.call("hammer", path="dir/deep/leaf", calls=50, threads=8)
+    assert out["results"] == {"0": 400}
+    assert agent.call("n2h", path="missing")["errno"] == errno.ENOENT
