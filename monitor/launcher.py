@@ -143,32 +143,127 @@ def _reap(pid: int, *, kill: bool) -> None:
         pass
 
 
-async def _register(socket_path: str, share: str, pid: int, listener: int) -> native.Message:
-    """Connect, send HELLO with the listener, return the answer (connection kept open)."""
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    await sock.connect(socket_path)
-    hello = native.encode(native.Hello(pid, share, f"fhmon-launch/{os.getpid()}"))
-    await sock.sendmsg([hello], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                  array.array("i", [listener]))])
-    decoder = native.FrameDecoder()
-    while (message := decoder.next_message()) is None:
-        data = await sock.recv(65536)
-        if not data:
+class Registration:
+    """The launcher's side of a registration: one open connection to fhmon, renewed when it
+    drops. The listener copy stays here for the target's whole life."""
+
+    def __init__(self, socket_path: str, share: str, pid: int, listener: int) -> None:
+        self.socket_path = socket_path
+        self.share = share
+        self.pid = pid
+        self.listener = listener
+        self.sock: trio.socket.SocketType | None = None
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    async def register(self) -> native.Message:
+        """Connect, send HELLO with the listener, return the answer (connection kept)."""
+        self.close()
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            await sock.connect(self.socket_path)
+            hello = native.encode(native.Hello(self.pid, self.share,
+                                               f"fhmon-launch/{os.getpid()}"))
+            await sock.sendmsg([hello], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                          array.array("i", [self.listener]))])
+            decoder = native.FrameDecoder()
+            while (message := decoder.next_message()) is None:
+                data = await sock.recv(65536)
+                if not data:
+                    raise LaunchError("fhmon closed the connection without answering")
+                decoder.feed(data)
+        except BaseException:
             sock.close()
-            raise LaunchError("fhmon closed the connection without answering")
-        decoder.feed(data)
-    _CONNECTION.append(sock)
-    return message
+            raise
+        if isinstance(message, native.Accept):
+            self.sock = sock
+        else:
+            sock.close()
+        return message
+
+    async def wait_lost(self) -> None:
+        """Return when fhmon closes the connection (it stopped or died)."""
+        assert self.sock is not None
+        try:
+            while await self.sock.recv(4096):
+                pass
+        except OSError:
+            pass
+        self.close()
+
+    async def stay_registered(self) -> None:
+        """When fhmon goes away, register again with backoff, then re-kick stuck calls.
+
+        While no fhmon holds the listener, the target's trapped calls wait (this process
+        holds a copy, so the filter never loses its last listener).
+        """
+        while True:
+            await self.wait_lost()
+            print("fhmon launch: connection to fhmon lost; registering again", file=sys.stderr)
+            # The old fhmon is gone (EOF comes when its fds close): re-kick its unanswered
+            # calls now, while no fhmon can be answering any call, so that the restart
+            # never races a live answer.
+            await restart_stuck_calls(self.pid)
+            delay = 0.02
+            while True:
+                await trio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                try:
+                    answer = await self.register()
+                except (OSError, LaunchError):
+                    continue
+                if isinstance(answer, native.Accept):
+                    break
+                print(f"fhmon launch: re-registration refused: "
+                      f"{getattr(answer, 'reason', answer)}", file=sys.stderr)
+            print("fhmon launch: registered again", file=sys.stderr)
 
 
-_CONNECTION: list[trio.socket.SocketType] = []
+async def restart_stuck_calls(pid: int) -> None:
+    """Calls a dead fhmon had received but not answered stay blocked until answered by
+    their id, which died with it. SIGSTOP interrupts the wait (the kernel drops the
+    notification) and, since neither signal has a handler, SIGCONT resumes the thread
+    into the restarted syscall, which traps again with a new id for the new fhmon.
+    Nothing runs twice with a visible effect: an answer (and ADDFD_FLAG_SEND's fd) either
+    reached the target before fhmon died, or nothing did."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return
+    try:
+        with trio.move_on_after(2.0):
+            while not _all_stopped(pid):
+                await trio.sleep(0.001)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def _all_stopped(pid: int) -> bool:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"T", b"t", b"Z", b"X"):
+            return False
+    return True
 
 
 async def _supervise(socket_path: str, share: str, pid: int, listener: int,
                      channel: socket.socket, argv: list[str]) -> int:
+    registration = Registration(socket_path, share, pid, listener)
     with trio.move_on_after(REGISTRATION_TIMEOUT) as scope:
         try:
-            answer = await _register(socket_path, share, pid, listener)
+            answer = await registration.register()
         except OSError as exc:
             raise LaunchError(f"cannot reach fhmon at {socket_path}: {exc.strerror}") from None
     if scope.cancelled_caught:
@@ -184,15 +279,13 @@ async def _supervise(socket_path: str, share: str, pid: int, listener: int,
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_forward_signals, pid)
-            nursery.start_soon(_stay_registered, socket_path, share, pid, listener)
+            nursery.start_soon(registration.stay_registered)
             await trio.lowlevel.wait_readable(pidfd)
             _, status = os.waitpid(pid, 0)
             nursery.cancel_scope.cancel()
     finally:
         os.close(pidfd)
-        for sock in _CONNECTION:
-            sock.close()
-        _CONNECTION.clear()
+        registration.close()
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
     return os.WEXITSTATUS(status)
@@ -205,40 +298,3 @@ async def _forward_signals(pid: int) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 return
-
-
-async def _stay_registered(socket_path: str, share: str, pid: int, listener: int) -> None:
-    """Watch the connection; when fhmon goes away, register again with backoff.
-
-    While no fhmon holds the listener, the target's trapped calls simply wait (the launcher
-    holds a copy, so the filter never sees its last listener close).
-    """
-    delay = 0.05
-    while True:
-        sock = _CONNECTION[-1] if _CONNECTION else None
-        if sock is not None:
-            try:
-                while await sock.recv(4096):
-                    pass
-            except OSError:
-                pass
-            sock.close()
-            _CONNECTION.clear()
-            print("fhmon launch: connection to fhmon lost; registering again", file=sys.stderr)
-        while True:
-            await trio.sleep(delay)
-            try:
-                answer = await _register(socket_path, share, pid, listener)
-            except (OSError, LaunchError):
-                delay = min(delay * 2, 2.0)
-                continue
-            if isinstance(answer, native.Accept):
-                print("fhmon launch: registered again", file=sys.stderr)
-                delay = 0.05
-                break
-            print(f"fhmon launch: re-registration refused: "
-                  f"{getattr(answer, 'reason', answer)}", file=sys.stderr)
-            for s in _CONNECTION:
-                s.close()
-            _CONNECTION.clear()
-            delay = min(delay * 2, 2.0)

@@ -10,8 +10,12 @@ import errno
 import fcntl
 import os
 import select
+import signal
 
 from protocol import kernel
+
+
+_ALL_SIGNALS = signal.valid_signals()
 
 
 class NotificationGone(Exception):
@@ -71,11 +75,22 @@ class Listener:
         return True
 
     def inject_and_respond(self, notif_id: int, srcfd: int, *, cloexec: bool) -> int:
-        """ADDFD + SEND in one step: the fd is installed only if the call is answered."""
+        """ADDFD + SEND in one step: the fd is installed only if the call is answered.
+
+        Signals are blocked for the ioctl's duration. The kernel marks the call answered
+        before the target installs the fd; if a signal interrupts the ioctl while it waits
+        for the target, the request is withdrawn but the call stays "answered" and the
+        target's syscall returns 0 with no fd (see docs/semantics.md, "Monitor death").
+        Blocking makes that impossible for every signal but SIGKILL.
+        """
         buf = kernel.pack_addfd(notif_id, srcfd,
                                 newfd_flags=kernel.O_CLOEXEC if cloexec else 0,
                                 flags=kernel.SECCOMP_ADDFD_FLAG_SEND)
-        return int(fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_ADDFD, buf, True))
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
+        try:
+            return int(fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_ADDFD, buf, True))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     def set_sync_wakeup(self) -> bool:
         """SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP (6.6+); the flag is passed by value."""

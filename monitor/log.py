@@ -37,9 +37,9 @@ def setup(level: str = "info") -> None:
     root.setLevel(level.upper())
 
 
-def event(name: str, level: int = logging.INFO, **fields: Any) -> None:
+def event(name: str, level: int = logging.INFO, exc_info: bool = False, **fields: Any) -> None:
     if EVENTS.isEnabledFor(level):
-        EVENTS.log(level, name, extra={"fields": {"event": name, **fields}})
+        EVENTS.log(level, name, exc_info=exc_info, extra={"fields": {"event": name, **fields}})
 
 
 def audit(name: str, **fields: Any) -> None:

@@ -199,6 +199,8 @@ class Service:
                 await self._linger(conn)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except Exception:  # a client must never take the service down
+            log.event("connection_failed", logging.ERROR, exc_info=True)
         finally:
             for fd in fds:
                 _close_quietly(fd)

@@ -176,7 +176,7 @@ def set_signer(key_dir: str | Path, key_id: int) -> None:
 def retire(key_dir: str | Path, key_id: int) -> None:
     directory = Path(key_dir)
     signer = (directory / SIGNER_FILE).read_text().strip()
-    if signer == f"{key_id:08x}":
+    if re.fullmatch(r"[0-9a-fA-F]{8}", signer) and int(signer, 16) == key_id:
         raise KeyDirError(f"key {key_id:08x} still signs; switch the signer first")
     (directory / f"{key_id:08x}.key").unlink()
 

@@ -72,14 +72,33 @@ def try_parse(buffer: bytes) -> ContainerProcessState | None:
         if _incomplete(stripped, exc):
             return None
         raise OciStateError(f"state message is not valid JSON: {exc.msg} at {exc.pos}") from None
+    except (RecursionError, ValueError) as exc:  # absurd nesting, huge integers
+        raise OciStateError(f"state message is not acceptable JSON: {exc}") from None
     if stripped[end:].strip():
         raise OciStateError("bytes after the state message")
     return validate(value)
 
 
+_TRUNCATION_SLACK = 6  # the longest token a cut can split: a \uXXXX escape, or "false"
+
+
 def _incomplete(text: str, exc: json.JSONDecodeError) -> bool:
-    """A decode error at the very end of the text means more bytes may still come."""
-    return exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+    """A decode error within the last token of the text means more bytes may still come.
+
+    A truly malformed message that errs near its end waits for more bytes; EOF or the
+    intake timeout then refuses it.
+    """
+    end = len(text.rstrip())
+    if exc.pos >= end or exc.msg.startswith("Unterminated string"):
+        return True
+    rest = text[exc.pos : end]
+    if exc.msg == "Expecting value":  # a literal or a sign cut short: "nu", "tr", "-"
+        return rest == "-" or any(word.startswith(rest) for word in ("null", "true", "false"))
+    if exc.msg.startswith("Invalid \\uXXXX escape"):
+        # the error points at the "u" of a "\\u" with fewer than four hex digits after it
+        return (rest.startswith("u") and len(rest) < 5
+                and all(c in "0123456789abcdefABCDEF" for c in rest[1:]))
+    return False
 
 
 def validate(value: Any) -> ContainerProcessState:
