@@ -99,6 +99,28 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _key(args: argparse.Namespace) -> int:
+    """fhmon key list|use|retire: the rotation steps of docs/operations.md."""
+    try:
+        if args.action == "list":
+            ring = signing.KeyRing.load(args.key_dir)
+            for info in ring.describe():
+                print(f"{info.key_id:08x}{'  signing' if info.signing else ''}")
+            return 0
+        if args.key_id is None:
+            print(f"fhmon key {args.action}: give a key id", file=sys.stderr)
+            return 2
+        key_id = int(args.key_id, 16)
+        if args.action == "use":
+            signing.set_signer(args.key_dir, key_id)
+        else:
+            signing.retire(args.key_dir, key_id)
+    except (OSError, ValueError, signing.KeyDirError) as exc:
+        print(f"fhmon key {args.action}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _launch(args: argparse.Namespace) -> int:
     from monitor import launcher
 
@@ -206,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--no-sign", action="store_true",
                         help="add the key for verification only (do not make it the signer)")
     keygen.set_defaults(func=_keygen)
+
+    key = sub.add_parser("key", help="list keys, switch the signer, retire a key")
+    key.add_argument("action", choices=["list", "use", "retire"])
+    key.add_argument("key_id", nargs="?", help="8 hex digits")
+    key.add_argument("--key-dir", dest="key_dir", required=True)
+    key.set_defaults(func=_key)
 
     launch = sub.add_parser("launch", help="run CMD under the filter, registered with fhmon")
     launch.add_argument("--socket", required=True)
