@@ -21,7 +21,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides: dict[str, Any] = {}
     for key in ("socket", "key_dir", "allow", "socket_mode", "socket_owner", "socket_group",
-                "log_level", "metrics_address"):
+                "log_level", "metrics_address", "keeper_socket"):
         value = getattr(args, key)
         if value is not None:
             overrides[key] = value
@@ -87,6 +87,24 @@ def _prepare_embedded(config: cfg.Config) -> None:
           f"  allow:    {', '.join(config.allow)} (put shares there)\n"
           f"  try:      fhmon launch --socket {config.socket} --share {base}/shares/NAME "
           f"--user 65534 -- CMD", file=sys.stderr)
+
+
+def _keeper(args: argparse.Namespace) -> int:
+    from monitor.keeper import Keeper
+
+    log.setup(args.log_level)
+    keeper = Keeper(args.socket)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+                await nursery.start(keeper.serve)
+                async for _ in sigs:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    trio.run(main)
+    return 0
 
 
 def _keygen(args: argparse.Namespace) -> int:
@@ -217,11 +235,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket-group", dest="socket_group")
     serve.add_argument("--log-level", dest="log_level")
     serve.add_argument("--metrics-address", dest="metrics_address")
+    serve.add_argument("--keeper", dest="keeper_socket", metavar="SOCKET",
+                       help="deposit OCI-registered listeners with `fhmon keeper` there and "
+                       "take them back at start-up, so they survive restarts")
     serve.add_argument("--state-dir", dest="state_dir", default=cfg.DEFAULT_STATE_DIR,
                        help="where plain `fhmon serve` keeps its socket, keys and shares")
     serve.add_argument("--print-config", action="store_true",
                        help="print the effective configuration and exit")
     serve.set_defaults(func=_serve)
+
+    keeper = sub.add_parser("keeper", help="hold listener copies across fhmon restarts")
+    keeper.add_argument("--socket", required=True)
+    keeper.add_argument("--log-level", dest="log_level", default="info")
+    keeper.set_defaults(func=_keeper)
 
     keygen = sub.add_parser("keygen", help="add a signing key to a key directory")
     keygen.add_argument("--key-dir", dest="key_dir", required=True)

@@ -37,6 +37,7 @@ class Config:
     sync_wakeup: bool = True
     signing: bool = True
     state_dir: str = ""
+    keeper_socket: str = ""
 
     def to_toml(self) -> str:
         lines = []
@@ -147,9 +148,9 @@ def apply(config: Config, values: dict[str, Any], source: str) -> Config:
 
 def _validate(key: str, value: Any) -> Any:
     match key:
-        case "socket" | "key_dir" | "metrics_address" | "state_dir":
+        case "socket" | "key_dir" | "metrics_address" | "state_dir" | "keeper_socket":
             text = _expect(key, value, str)
-            if key in ("socket", "key_dir", "state_dir") and text and not text.startswith("/"):
+            if key != "metrics_address" and text and not text.startswith("/"):
                 raise ConfigError(f"config key {key!r}: {text!r} must be an absolute path")
             if key == "metrics_address" and text and ":" not in text:
                 raise ConfigError(f"config key {key!r}: {text!r} must be HOST:PORT")

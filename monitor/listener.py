@@ -14,7 +14,6 @@ import signal
 
 from protocol import kernel
 
-
 _ALL_SIGNALS = signal.valid_signals()
 
 

@@ -34,7 +34,8 @@ from monitor.listener import Listener, is_seccomp_listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
 from monitor.policy import RegistrationRefused, Share, pin_share
 from monitor.signing import KeyDirError, KeyRing
-from monitor.target import TargetThread, read_status
+from monitor.target import Credentials, TargetThread, read_status
+from protocol import keeper as keeper_wire
 from protocol import native, oci
 
 MAX_FDS_PER_MESSAGE = 16
@@ -152,6 +153,8 @@ class Service:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.watch_keys)
+                if self.config.keeper_socket:
+                    await self.restore_from_keeper(nursery)
                 log.event("serving", socket=self.config.socket, key_dir=self.config.key_dir,
                           allow=self.config.allow, keys=[f"{k:08x}" for k in self.keys.key_ids],
                           signer=f"{self.keys.signer:08x}", pid=os.getpid())
@@ -298,15 +301,21 @@ class Service:
                                           f"{len(fds)} arrived", errno.EINVAL)
             share = oci.share_from_metadata(state.metadata)
             listener_fd = fds.pop(state.seccomp_fd_index)
-            self._register(listener_fd, state.pid, share, peer, "oci", nursery)
+            target = self._register(listener_fd, state.pid, share, peer, "oci", nursery)
+            if self.config.keeper_socket:
+                nursery.start_soon(self._deposit, target)
         except oci.OciStateError as exc:
             self._refused(peer, str(exc))
         except RegistrationRefused as exc:
             self._refused(peer, exc.reason)
 
     def _register(self, listener_fd: int, target_pid: int, share_path: str, peer: PeerCred,
-                  convention: str, nursery: trio.Nursery) -> Target:
-        """Every check of a registration; takes ownership of listener_fd in all cases."""
+                  convention: str, nursery: trio.Nursery,
+                  peer_credentials: Credentials | None = None) -> Target:
+        """Every check of a registration; takes ownership of listener_fd in all cases.
+
+        peer_credentials: for a registration restored from the keeper, whose client is gone.
+        """
         try:
             if not is_seccomp_listener(listener_fd):
                 raise RegistrationRefused("the fd is not a seccomp listener", errno.EINVAL)
@@ -320,7 +329,8 @@ class Service:
                 raise RegistrationRefused("invalid target pid", errno.EINVAL)
             try:
                 target_status = read_status(target_pid)
-                peer_status = read_status(peer.pid)
+                if peer_credentials is None:
+                    peer_credentials = read_status(peer.pid).credentials
             except Exception:
                 raise RegistrationRefused(f"process {target_pid} or {peer.pid} not found",
                                           errno.ESRCH) from None
@@ -333,7 +343,7 @@ class Service:
                 raise RegistrationRefused(f"cannot see process {target_pid}'s root: "
                                           f"{exc.strerror}", errno.ESRCH) from None
             try:
-                with acting_as(peer_status.credentials):
+                with acting_as(peer_credentials):
                     share = pin_share(root_fd, share_path, self.config.allow)
             finally:
                 os.close(root_fd)
@@ -351,6 +361,72 @@ class Service:
                   peer_uid=peer.uid, peer_pid=peer.pid, mount_root=share.is_mount_root)
         nursery.start_soon(self._serve_target, target)
         return target
+
+    # --- the keeper (listeners that must outlive this process) ------------------------------
+    def _keeper_record(self, target: Target) -> dict[str, Any]:
+        return {"pid": target.pid, "share": target.share.target_path, "uid": target.peer.uid,
+                "gid": target.peer.gid, "convention": target.convention}
+
+    async def _deposit(self, target: Target) -> None:
+        try:
+            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            with sock, trio.move_on_after(5):
+                await sock.connect(self.config.keeper_socket)
+                frame = keeper_wire.encode({"op": "deposit",
+                                            "target": self._keeper_record(target)})
+                await sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                              array.array("i", [target.listener.fd]))])
+                log.event("deposited", target=target.target_id, keeper=self.config.keeper_socket)
+        except OSError as exc:
+            log.event("deposit_failed", logging.ERROR, target=target.target_id,
+                      error=str(exc), hint="the listener will not survive a restart of fhmon")
+
+    async def restore_from_keeper(self, nursery: trio.Nursery) -> int:
+        """Withdraw every listener the keeper holds; restart their stuck calls; serve them."""
+        from monitor.launcher import restart_stuck_calls
+
+        restored = 0
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        entries: list[tuple[int, dict[str, Any]]] = []
+        with sock:
+            try:
+                with trio.fail_after(10):
+                    await sock.connect(self.config.keeper_socket)
+                    await sock.send(keeper_wire.encode({"op": "withdraw"}))
+                    decoder = keeper_wire.Decoder()
+                    fds: list[int] = []
+                    done = False
+                    while not done:
+                        data, fds = await _recv_with_fds(sock, fds)
+                        if not data:
+                            break
+                        decoder.feed(data)
+                        while (message := decoder.next_message()) is not None:
+                            if message["op"] == "listener" and fds:
+                                entries.append((fds.pop(0), message.get("target", {})))
+                            elif message["op"] == "end":
+                                done = True
+                    for fd in fds:
+                        _close_quietly(fd)
+            except (OSError, trio.TooSlowError, keeper_wire.KeeperProtocolError) as exc:
+                log.event("keeper_unreachable", logging.WARNING, keeper=self.config.keeper_socket,
+                          error=str(exc))
+        for fd, record in entries:
+            pid = int(record.get("pid", 0))
+            await restart_stuck_calls(pid)  # nobody answers them yet: a clean restart
+            creds = Credentials(int(record.get("uid", 0)), int(record.get("gid", 0)), (),
+                                -1 if int(record.get("uid", 0)) == 0 else 0)
+            try:
+                target = self._register(fd, pid, str(record.get("share", "")),
+                                        PeerCred(0, int(record.get("uid", 0)),
+                                                 int(record.get("gid", 0))),
+                                        str(record.get("convention", "oci")), nursery,
+                                        peer_credentials=creds)
+                restored += 1
+                log.event("target_restored", target=target.target_id, pid=pid)
+            except RegistrationRefused as exc:
+                log.event("restore_refused", logging.WARNING, pid=pid, reason=exc.reason)
+        return restored
 
     # --- one registered listener --------------------------------------------------------
     async def _serve_target(self, target: Target) -> None:

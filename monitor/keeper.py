@@ -1,0 +1,121 @@
+"""`fhmon keeper`: holds copies of listeners so that they outlive fhmon restarts.
+
+When the last copy of a listener closes, the kernel fails every call of that filter with
+ENOSYS forever. `fhmon launch` keeps a copy itself; a container runtime (runc) does not.
+fhmon deposits a copy of every such listener here; a restarted fhmon withdraws them all
+and serves them again. The keeper never reads notifications: holding a copy grants nothing
+(it runs as root beside fhmon, in the same trust domain). A listener whose filter has no
+task left (POLLHUP) is dropped.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+import os
+import socket
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from monitor import log
+from monitor.linux import kcmp_same_file
+from monitor.listener import Listener, is_seccomp_listener
+from protocol import keeper as wire
+
+
+@dataclass
+class Held:
+    listener: Listener
+    target: dict[str, Any]
+
+
+class Keeper:
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self.held: list[Held] = []
+
+    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
+                os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        old = os.umask(0o177)
+        try:
+            raw.bind(self.socket_path)
+        finally:
+            os.umask(old)
+        raw.listen(16)
+        sock = trio.socket.from_stdlib_socket(raw)
+        try:
+            async with trio.open_nursery() as nursery:
+                log.event("keeper_serving", socket=self.socket_path)
+                task_status.started()
+                while True:
+                    conn, _ = await sock.accept()
+                    nursery.start_soon(self._client, conn, nursery)
+        finally:
+            sock.close()
+            for held in self.held:
+                held.listener.close()
+
+    async def _client(self, conn: trio.socket.SocketType, nursery: trio.Nursery) -> None:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        peer_uid = int.from_bytes(creds[4:8], "little")
+        decoder = wire.Decoder()
+        fds: list[int] = []
+        try:
+            if peer_uid != 0:
+                return  # only root (fhmon) deposits or withdraws listeners
+            while True:
+                data, ancdata, _, _ = await conn.recvmsg(65536, socket.CMSG_SPACE(4 * 4))
+                for level, kind, payload in ancdata:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                        arr = array.array("i")
+                        arr.frombytes(payload[: len(payload) - len(payload) % 4])
+                        fds.extend(arr)
+                if not data:
+                    return
+                decoder.feed(data)
+                while (message := decoder.next_message()) is not None:
+                    if message["op"] == "deposit" and fds:
+                        self._deposit(fds.pop(0), message.get("target", {}), nursery)
+                    elif message["op"] == "withdraw":
+                        await self._withdraw(conn)
+        except (OSError, trio.BrokenResourceError, wire.KeeperProtocolError):
+            pass
+        finally:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+
+    def _deposit(self, fd: int, target: dict[str, Any], nursery: trio.Nursery) -> None:
+        if not is_seccomp_listener(fd) or any(kcmp_same_file(h.listener.fd, fd)
+                                             for h in self.held):
+            os.close(fd)
+            return
+        held = Held(Listener(fd), target)
+        self.held.append(held)
+        log.event("keeper_holds", target=target, held=len(self.held))
+        nursery.start_soon(self._watch, held)
+
+    async def _watch(self, held: Held) -> None:
+        """Drop a listener once no task uses its filter (POLLHUP)."""
+        try:
+            while not held.listener.hung_up():
+                await trio.sleep(1.0)
+        finally:
+            self.held.remove(held)
+            held.listener.close()
+            log.event("keeper_dropped", logging.DEBUG, target=held.target)
+
+    async def _withdraw(self, conn: trio.socket.SocketType) -> None:
+        for held in list(self.held):
+            frame = wire.encode({"op": "listener", "target": held.target})
+            await conn.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                          array.array("i", [held.listener.fd]))])
+        await conn.send(wire.encode({"op": "end", "count": len(self.held)}))
