@@ -48,6 +48,7 @@ def metrics_middleware(stats: CallStats, observers: list[ObserveFn] | None = Non
                 return handler(ctx)
             except SyscallError as exc:
                 failure = exc
+                ctx.note = ctx.note or exc.reason
                 raise
             finally:
                 elapsed = time.perf_counter() - start
@@ -68,6 +69,7 @@ def audit_middleware(stats: CallStats) -> Middleware:
             try:
                 outcome = handler(ctx)
             except SyscallError as exc:
+                ctx.note = ctx.note or exc.reason
                 if exc.errno in _POLICY_ERRNOS and ctx.note:
                     stats.refusals[ctx.note] += 1
                     log.audit("call_refused", syscall=name, errno=result_name(exc),

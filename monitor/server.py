@@ -77,7 +77,11 @@ class Service:
         self.targets: dict[int, Target] = {}
         self._ids = itertools.count(1)
         self._connections = 0
-        self.dispatcher = Dispatcher([metrics_middleware(self.stats), audit_middleware(self.stats)])
+        from monitor.prom import Metrics
+
+        self.metrics = Metrics(self)
+        self.dispatcher = Dispatcher([metrics_middleware(self.stats, [self.metrics.observe]),
+                                      audit_middleware(self.stats)])
         self.started = time.time()
         self.key_error: str | None = None
 
@@ -153,6 +157,10 @@ class Service:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.watch_keys)
+                if self.config.metrics_address:
+                    from monitor.prom import serve_http
+
+                    await nursery.start(serve_http, self.metrics, self.config.metrics_address)
                 if self.config.keeper_socket:
                     await self.restore_from_keeper(nursery)
                 log.event("serving", socket=self.config.socket, key_dir=self.config.key_dir,
@@ -291,6 +299,7 @@ class Service:
 
     def _refused(self, peer: PeerCred, reason: str) -> None:
         self.stats.registrations["refused"] += 1
+        self.metrics.registrations.labels("refused").inc()
         log.audit("registration_refused", peer_pid=peer.pid, peer_uid=peer.uid, reason=reason)
 
     def _register_oci(self, peer: PeerCred, state: oci.ContainerProcessState,
@@ -356,6 +365,7 @@ class Service:
         target = Target(next(self._ids), listener, share, target_pid, peer, convention)
         self.targets[target.target_id] = target
         self.stats.registrations["accepted"] += 1
+        self.metrics.registrations.labels("accepted").inc()
         log.event("target_registered", target=target.target_id, pid=target_pid,
                   share=share.host_path, share_in_target=share_path, convention=convention,
                   peer_uid=peer.uid, peer_pid=peer.pid, mount_root=share.is_mount_root)

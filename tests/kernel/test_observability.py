@@ -1,0 +1,96 @@
+"""What an operator sees: Prometheus metrics, JSON logs with an audit trail, status, config."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import FHMON, Agent, Service, World
+from tests.handles import N2HResult
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()) and (
+                head == name or head.startswith(name + "{")):
+            return float(value)
+    raise AssertionError(f"no {name} {labels} in metrics")
+
+
+def test_metrics_logs_and_status(world: World) -> None:
+    port = free_port()
+    service = Service(world.base, [str(world.shares / "*")], name="observed",
+                      extra=["--metrics-address", f"127.0.0.1:{port}"])
+    agent = Agent(world, "fhmon", world.main, service.socket)
+    try:
+        h = N2HResult.of(agent.call("n2h", path="file"))
+        for _ in range(10):
+            agent.call("obh", handle_type=h.handle_type, f_handle=h.f_handle.hex())
+        agent.call("obh", handle_type=h.handle_type, f_handle=(b"\0" * 28).hex())
+        agent.call("n2h", path="../../outside/secret")
+        agent.call("n2h", path="missing")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert metric(text, "fhmon_calls_total", syscall="name_to_handle_at", result="ok") >= 1
+        assert metric(text, "fhmon_calls_total", syscall="open_by_handle_at", result="ok") >= 10
+        assert metric(text, "fhmon_calls_total", syscall="name_to_handle_at",
+                      result="ENOENT") >= 1
+        assert metric(text, "fhmon_mac_failures_total") >= 1
+        assert metric(text, "fhmon_confinement_refusals_total",
+                      reason="object outside the share") >= 1
+        assert metric(text, "fhmon_targets") == 1
+        assert metric(text, "fhmon_call_duration_seconds_bucket", syscall="open_by_handle_at",
+                      le="5e-05") >= 0
+        assert metric(text, "fhmon_open_fds") > 0
+        assert metric(text, "fhmon_registrations_total", outcome="accepted") == 1
+
+        status = subprocess.run([FHMON, "status", "--socket", service.socket],
+                                capture_output=True, text=True, check=True).stdout
+        assert str(agent.pid) in status and str(world.main) in status
+
+        lines = service.log_text().splitlines()
+        events = [json.loads(line) for line in lines]  # every line is one JSON object
+        audit = [e for e in events if e.get("audit")]
+        reasons = {e["reason"] for e in audit}
+        assert {"bad or foreign MAC", "object outside the share"} <= reasons
+        for e in audit:
+            assert {"tid", "tgid", "share", "syscall", "errno"} <= set(e), e
+    finally:
+        agent.close()
+        service.stop()
+
+
+def test_config_file_validation_and_print_config(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text('socket = "/run/x/fhmon.sock"\nkey_dir = "/etc/k"\nallow = ["/srv/*"]\n'
+                    'socket_mode = "0660"\nsocket_group = 0\n')
+    out = subprocess.run([FHMON, "serve", "--config", str(good), "--log-level", "debug",
+                          "--print-config"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert 'socket_mode = "0660"' in out.stdout and 'log_level = "debug"' in out.stdout
+    cases: dict[str, Any] = {
+        'sockt = "/x"\n': "unknown config key 'sockt'",
+        'socket = 5\n': "config key 'socket': expected str",
+        'socket_mode = "0666"\n': "lets any local user connect",
+        'allow = ["relative/*"]\n': "must be an absolute glob",
+        'log_level = "chatty"\n': "config key 'log_level'",
+        "this is not toml": "not valid TOML",
+    }
+    for body, words in cases.items():
+        bad = tmp_path / "bad.toml"
+        bad.write_text(body)
+        out = subprocess.run([FHMON, "serve", "--config", str(bad), "--print-config"],
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and words in out.stderr, (body, out.stderr)
