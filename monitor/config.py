@@ -38,6 +38,7 @@ class Config:
     signing: bool = True
     state_dir: str = ""
     keeper_socket: str = ""
+    drop_capabilities: bool = True
 
     def to_toml(self) -> str:
         lines = []
@@ -184,7 +185,7 @@ def _validate(key: str, value: Any) -> Any:
             if number < 1:
                 raise ConfigError(f"config key {key!r}: must be at least 1")
             return number
-        case "sync_wakeup" | "signing":
+        case "sync_wakeup" | "signing" | "drop_capabilities":
             return _expect(key, value, bool)
     raise ConfigError(f"unknown config key {key!r}")
 

@@ -154,6 +154,10 @@ class Service:
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         _raise_fd_limit()
         sock = self.prepare_socket()
+        if self.config.drop_capabilities:
+            from monitor.hardening import drop_capabilities
+
+            log.event("capabilities", kept=drop_capabilities())
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.watch_keys)

@@ -94,3 +94,16 @@ def test_config_file_validation_and_print_config(tmp_path: Path) -> None:
         out = subprocess.run([FHMON, "serve", "--config", str(bad), "--print-config"],
                              capture_output=True, text=True)
         assert out.returncode == 2 and words in out.stderr, (body, out.stderr)
+
+
+def test_fhmon_keeps_only_the_capabilities_it_needs(fhmon: Service) -> None:
+    status = Path(f"/proc/{fhmon.pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    kept = {2, 5, 6, 7, 19}  # DAC_READ_SEARCH, KILL, SETGID, SETUID, SYS_PTRACE
+    expected = sum(1 << c for c in kept)
+    assert int(fields["CapEff"], 16) == expected
+    assert int(fields["CapPrm"], 16) == expected
+    assert int(fields["CapBnd"], 16) == expected
+    events = [e for e in fhmon.events() if e.get("event") == "capabilities"]
+    assert events and sorted(events[0]["kept"]) == sorted(
+        ["CAP_DAC_READ_SEARCH", "CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SYS_PTRACE"])

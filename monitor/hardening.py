@@ -1,0 +1,52 @@
+"""Self-hardening: after start-up fhmon keeps only the capabilities it uses.
+
+| capability | why |
+|---|---|
+| CAP_DAC_READ_SEARCH | open_by_handle_at (decode a handle on the share's mount) |
+| CAP_SYS_PTRACE | pidfd_getfd, process_vm_readv/writev, /proc/TID/cwd and root of targets |
+| CAP_SETUID, CAP_SETGID | switch fsuid, fsgid and groups to a target's for its permission checks |
+| CAP_KILL | SIGSTOP/SIGCONT a target whose stuck calls must trap again after a restart |
+
+Everything else (CAP_DAC_OVERRIDE, CAP_SYS_ADMIN, CAP_CHOWN after the socket exists, ...)
+is dropped from the effective, permitted, inheritable and bounding sets.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from monitor import linux
+
+CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER = 0, 1, 2, 3
+CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SETPCAP = 5, 6, 7, 8
+CAP_SYS_PTRACE = 19
+KEPT = {CAP_DAC_READ_SEARCH: "CAP_DAC_READ_SEARCH", CAP_SYS_PTRACE: "CAP_SYS_PTRACE",
+        CAP_SETUID: "CAP_SETUID", CAP_SETGID: "CAP_SETGID", CAP_KILL: "CAP_KILL"}
+PR_CAPBSET_DROP = 24
+PR_SET_KEEPCAPS = 8
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as handle:
+            return int(handle.read())
+    except OSError:
+        return 40
+
+
+def drop_capabilities() -> list[str]:
+    """Keep only KEPT; returns the names kept. Must run before any other thread starts."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    _, permitted, _ = linux.capget_thread()
+    for cap in range(_last_cap() + 1):
+        if cap not in KEPT and permitted & (1 << CAP_SETPCAP):
+            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # best effort: the bounding set
+    keep = sum(1 << cap for cap in KEPT) & permitted
+    linux.capset_thread(keep, keep, 0)
+    effective, permitted, _ = linux.capget_thread()
+    return [name for cap, name in KEPT.items() if effective & (1 << cap)]
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
