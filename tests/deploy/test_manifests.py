@@ -43,7 +43,7 @@ DOCS = REPO / "docs" / "deploy.md"
 
 NAMESPACE = "kubevirt"
 # The documented contract (docs/deploy.md, comments in daemonset.yaml).
-CAPABILITIES = {"SYS_PTRACE", "DAC_READ_SEARCH", "SETUID", "SETGID"}
+CAPABILITIES = {"SYS_PTRACE", "DAC_READ_SEARCH", "SETUID", "SETGID", "KILL"}
 KEY_SECRET = "fhmon-keys"
 # kubelet's link to the current files of a Secret volume, whose root is world-writable.
 SECRET_DATA = "..data"
