@@ -89,6 +89,12 @@ def _prepare_embedded(config: cfg.Config) -> None:
           f"--user 65534 -- CMD", file=sys.stderr)
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from monitor.demo import run_demo
+
+    return run_demo()
+
+
 def _keeper(args: argparse.Namespace) -> int:
     from monitor.keeper import Keeper
 
@@ -243,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--print-config", action="store_true",
                        help="print the effective configuration and exit")
     serve.set_defaults(func=_serve)
+
+    demo = sub.add_parser("demo", help="see fhmon work: a private fhmon, a handle, a forgery "
+                          "and an escape refused")
+    demo.set_defaults(func=_demo)
 
     keeper = sub.add_parser("keeper", help="hold listener copies across fhmon restarts")
     keeper.add_argument("--socket", required=True)
