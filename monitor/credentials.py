@@ -9,8 +9,6 @@ happen while a switch is in force.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from monitor import linux
 from monitor.target import Credentials
@@ -34,18 +32,32 @@ def _base() -> _Baseline:
     return _baseline
 
 
-@contextmanager
-def acting_as(creds: Credentials) -> Iterator[None]:
-    """Switch to creds for the duration of the block; always switch back."""
-    base = _base()
-    try:
-        linux.setgroups_thread(creds.groups)
-        linux.setfsgid(creds.fsgid)
-        linux.setfsuid(creds.fsuid)
-        linux.capset_thread(creds.cap_effective & base.permitted, base.permitted,
-                            base.inheritable)
-        yield
-    finally:
+class acting_as:
+    """Switch to creds for the duration of the block; always switch back.
+
+    A class rather than a generator-based context manager: it runs on every call.
+    """
+
+    __slots__ = ("_creds",)
+
+    def __init__(self, creds: Credentials) -> None:
+        self._creds = creds
+
+    def __enter__(self) -> None:
+        base = _base()
+        creds = self._creds
+        try:
+            linux.setgroups_thread(creds.groups)
+            linux.setfsgid(creds.fsgid)
+            linux.setfsuid(creds.fsuid)
+            linux.capset_thread(creds.cap_effective & base.permitted, base.permitted,
+                                base.inheritable)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        base = _base()
         linux.capset_thread(base.permitted, base.permitted, base.inheritable)
         linux.setfsuid(base.fsuid)
         linux.setfsgid(base.fsgid)

@@ -56,9 +56,11 @@ if fd is None:
 print(f"  open_by_handle_at -> fd {fd}: {os.read(fd, 100).decode().strip()!r}")
 forged = bytearray(f_handle); forged[0] ^= 1
 fd, err = open_handle(mount_fd, htype, bytes(forged))
-print(f"  a forged handle (one bit flipped)         -> {errname(err) if fd is None else 'OPENED?!'}")
+result = errname(err) if fd is None else "OPENED?!"
+print(f"  a forged handle (one bit flipped)         -> {result}")
 _, err = name_to_handle(f"{share}/../outside/secret.txt")
-print(f"  name_to_handle_at(share/../outside/...)   -> {errname(err) if err else 'GOT A HANDLE?!'}")
+result = errname(err) if err else "GOT A HANDLE?!"
+print(f"  name_to_handle_at(share/../outside/...)   -> {result}")
 '''
 
 

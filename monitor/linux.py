@@ -68,6 +68,21 @@ def pidfd_getfd(pidfd: int, targetfd: int) -> int:
                            ctypes.c_uint(0)))
 
 
+def process_vm_read_one(pid: int, addr: int, length: int) -> bytes:
+    """Read one range that does not cross a page boundary (all of it, or nothing)."""
+    buf = ctypes.create_string_buffer(length)
+    local = _IoVec(ctypes.addressof(buf), length)
+    remote = _IoVec(addr, length)
+    got = _syscall(SYS_PROCESS_VM_READV, ctypes.c_int(pid), ctypes.byref(local),
+                   ctypes.c_ulong(1), ctypes.byref(remote), ctypes.c_ulong(1), ctypes.c_ulong(0))
+    if got < 0:
+        err = ctypes.get_errno()
+        if err == 14:
+            return b""
+        raise OSError(err, os.strerror(err))
+    return buf.raw[:got]
+
+
 def process_vm_read(pid: int, ranges: list[tuple[int, int]]) -> bytes:
     """Read remote ranges (one iovec each) into one buffer; a short result means a fault.
 
@@ -93,7 +108,7 @@ def process_vm_write(pid: int, addr: int, data: bytes) -> int:
     if not data:
         return 0
     buf = ctypes.create_string_buffer(data, len(data))
-    local = _IoVec(ctypes.cast(buf, ctypes.c_void_p), len(data))
+    local = _IoVec(ctypes.addressof(buf), len(data))
     remote = _IoVec(addr, len(data))
     got = _syscall(SYS_PROCESS_VM_WRITEV, ctypes.c_int(pid), ctypes.byref(local),
                    ctypes.c_ulong(1), ctypes.byref(remote), ctypes.c_ulong(1), ctypes.c_ulong(0))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from dataclasses import dataclass
 
 from monitor import linux
@@ -42,6 +43,9 @@ class ThreadStatus:
     uid: int  # real uid: who owns the process
 
 
+_STATUS_FIELDS = re.compile(rb"^(Tgid|Uid|Gid|Groups|CapEff):[ \t]*([^\n]*)$", re.MULTILINE)
+
+
 def read_status(tid: int) -> ThreadStatus:
     """Parse /proc/TID/status (per-thread credentials; the thread group id)."""
     try:
@@ -52,11 +56,7 @@ def read_status(tid: int) -> ThreadStatus:
         raw = os.read(fd, 65536)
     finally:
         os.close(fd)
-    fields: dict[bytes, bytes] = {}
-    for line in raw.split(b"\n"):
-        key, _, value = line.partition(b":")
-        if key in (b"Tgid", b"Uid", b"Gid", b"Groups", b"CapEff"):
-            fields[key] = value.strip()
+    fields = dict(_STATUS_FIELDS.findall(raw))
     try:
         uids = fields[b"Uid"].split()
         gids = fields[b"Gid"].split()
@@ -93,7 +93,10 @@ class TargetThread:
             return b""
         if addr == 0 or addr + length > 1 << 64:
             raise SyscallError(errno.EFAULT)
-        data = linux.process_vm_read(self.tid, kernel.split_page_ranges(addr, length))
+        if (addr ^ (addr + length - 1)) < kernel.PAGE_SIZE:  # within one page
+            data = linux.process_vm_read_one(self.tid, addr, length)
+        else:
+            data = linux.process_vm_read(self.tid, kernel.split_page_ranges(addr, length))
         self._valid()
         if len(data) != length:
             raise SyscallError(errno.EFAULT)
@@ -112,18 +115,23 @@ class TargetThread:
             raise SyscallError(errno.EFAULT)
         raise SyscallError(errno.ENAMETOOLONG)
 
-    def write(self, addr: int, data: bytes) -> None:
-        """copy_to_user: EFAULT if any byte cannot be written (a prefix may have been)."""
-        if addr == 0:
-            raise SyscallError(errno.EFAULT)
+    def write(self, *chunks: tuple[int, bytes]) -> None:
+        """copy_to_user for each (addr, data) in order: EFAULT at the first byte that cannot
+        be written (earlier bytes stay written, as with the kernel). One ID_VALID first:
+        the thread cannot go away between the writes without the writes failing."""
         self._valid()
-        written = 0
-        for start, length in kernel.split_page_ranges(addr, len(data)):
-            offset = start - addr
-            got = linux.process_vm_write(self.tid, start, data[offset : offset + length])
-            written += got
-            if got != length:
+        for addr, data in chunks:
+            if addr == 0:
                 raise SyscallError(errno.EFAULT)
+            if (addr ^ (addr + len(data) - 1)) < kernel.PAGE_SIZE:  # within one page
+                if linux.process_vm_write(self.tid, addr, data) != len(data):
+                    raise SyscallError(errno.EFAULT)
+                continue
+            for start, length in kernel.split_page_ranges(addr, len(data)):
+                offset = start - addr
+                got = linux.process_vm_write(self.tid, start, data[offset : offset + length])
+                if got != length:
+                    raise SyscallError(errno.EFAULT)
 
     # --- fds, cwd, root ------------------------------------------------------------
     def take_fd(self, fd: int) -> int:

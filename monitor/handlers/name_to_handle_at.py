@@ -131,12 +131,11 @@ def name_to_handle_at(ctx: CallContext) -> Return:
     mount_bytes = (_U64.pack(mnt) if flags & kernel.AT_HANDLE_MNT_ID_UNIQUE
                    else _INT.pack(_signed32(mnt)))
     if len(f_handle) > header.handle_bytes:
-        ctx.thread.write(mount_id_ptr, mount_bytes)
-        ctx.thread.write(handle_ptr, kernel.FileHandleHeader(
-            len(f_handle), kernel.FILEID_INVALID).pack())
+        ctx.thread.write((mount_id_ptr, mount_bytes), (handle_ptr, kernel.FileHandleHeader(
+            len(f_handle), kernel.FILEID_INVALID).pack()))
         raise SyscallError(errno.EOVERFLOW)
-    ctx.thread.write(mount_id_ptr, mount_bytes)
-    ctx.thread.write(handle_ptr, kernel.pack_file_handle(handle_type, f_handle))
+    ctx.thread.write((mount_id_ptr, mount_bytes),
+                     (handle_ptr, kernel.pack_file_handle(handle_type, f_handle)))
     return Return(0)
 
 

@@ -8,11 +8,15 @@ installs it and answers the call in one step.
 
 O_PATH: ADDFD cannot carry O_PATH files, so an O_PATH request gets a real open instead:
 O_RDONLY|O_DIRECTORY for a directory, O_RDONLY (else O_WRONLY) for a regular file, each
-checked against the target's own permissions. See docs/semantics.md.
+checked against the target's own permissions. When neither is permitted but the target
+owns the object (it could chmod itself access), it gets a read-only fd opened by fhmon:
+virtiofsd keeps O_PATH fds to its own mode-000 files and execute-only directories. See
+docs/semantics.md.
 """
 
 from __future__ import annotations
 
+import array
 import errno
 import fcntl
 import os
@@ -97,17 +101,40 @@ def _mount_fd_device(ctx: CallContext, mount_fd: int) -> int:
 
 def _reopen_as_target(ctx: CallContext, obj: int, flags: int, is_dir: bool) -> int:
     link = f"/proc/self/fd/{obj}"
+    creds = ctx.thread.status.credentials
     if flags & kernel.O_PATH:
         if flags & kernel.O_DIRECTORY and not is_dir:
             raise SyscallError(errno.ENOTDIR)
         attempts = ([os.O_RDONLY | os.O_DIRECTORY] if is_dir else [os.O_RDONLY, os.O_WRONLY])
     else:
         attempts = [(flags & ~_STRIP) | os.O_NOCTTY]
-    last = errno.EACCES
-    with acting_as(ctx.thread.status.credentials):
+    first_error = 0  # the answer is the first attempt's error (O_RDONLY for O_PATH)
+    with acting_as(creds):
         for attempt in attempts:
             try:
                 return os.open(link, attempt | os.O_CLOEXEC)
             except OSError as exc:
-                last = exc.errno or errno.EACCES
-    raise SyscallError(last)
+                first_error = first_error or exc.errno or errno.EACCES
+    if flags & kernel.O_PATH and first_error == errno.EACCES and os.fstat(obj).st_uid == creds.fsuid:
+        # The owner may chmod itself read access at any time, so a read-only fd grants it
+        # nothing new; opened by fhmon (CAP_DAC_READ_SEARCH passes the read check).
+        fd = os.open(link, attempts[0] | os.O_CLOEXEC)
+        if _chmod_possible(fd):
+            return fd
+        os.close(fd)
+    raise SyscallError(first_error)
+
+
+def _chmod_possible(fd: int) -> bool:
+    """False for immutable or append-only inodes: not even their owner can chmod them."""
+    flags = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags, True)
+    except OSError:
+        return True  # the filesystem has no such flags
+    return not flags[0] & (_FS_IMMUTABLE_FL | _FS_APPEND_FL)
+
+
+_FS_IOC_GETFLAGS = 0x80086601
+_FS_IMMUTABLE_FL = 0x10
+_FS_APPEND_FL = 0x20

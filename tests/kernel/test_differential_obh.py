@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 from typing import Any
 
 import pytest
@@ -141,7 +142,7 @@ def test_truncate_only_with_write_permission(trio_of_agents: tuple[Agent, Agent,
     ("dir", 0, "dir", O_RDONLY),
     ("file", 0, "reg", O_RDONLY),
     ("writeonly", 0, "reg", O_WRONLY),
-    ("rootonly", errno.EACCES, None, None),
+    ("rootonly", errno.EACCES, None, None),  # neither readable nor owned: refused
 ])
 def test_o_path_requests_get_a_usable_fd(trio_of_agents: tuple[Agent, Agent, Agent],
                                          path: str, expect_errno: int,
@@ -181,3 +182,46 @@ def test_trailer_length(trio_of_agents: tuple[Agent, Agent, Agent]) -> None:
     fh, _, root = trio_of_agents
     _, signed, raw = handles(fh, root, "file")
     assert len(signed) == len(raw) + TRAILER
+
+
+def test_o_path_on_own_inodes_without_permission(trio_of_agents: tuple[Agent, Agent, Agent],
+                                                 world: World) -> None:
+    """virtiofsd keeps O_PATH fds to its own chmod-000 files and execute-only directories
+    (and chmods them back through those fds): the owner gets a read-only fd, because it
+    could chmod itself read access anyway; a non-owner does not."""
+    fh, _, root = trio_of_agents
+    mine = world.main / "mine000"
+    mine.write_text("mine\n")
+    os.chown(mine, 65534, 65534)
+    xdir = world.main / "xdir311"
+    xdir.mkdir()
+    os.chown(xdir, 65534, 65534)
+    theirs = world.main / "theirs000"
+    theirs.write_text("theirs\n")
+    try:
+        htype_m, mine_h, _ = handles(fh, root, "mine000")
+        htype_x, xdir_h, _ = handles(fh, root, "xdir311")
+        htype_t, theirs_h, _ = handles(fh, root, "theirs000")
+        mine.chmod(0)
+        xdir.chmod(0o311)
+        theirs.chmod(0)
+        got = fh.call("obh", f_handle=mine_h.hex(), handle_type=htype_m, flags=O_PATH)
+        assert got["errno"] == 0 and got["type"] == "reg", got
+        got = fh.call("obh", f_handle=xdir_h.hex(), handle_type=htype_x, flags=O_PATH)
+        assert got["errno"] == 0 and got["type"] == "dir", got
+        # without O_PATH the target's own permissions rule, as the kernel's
+        got = fh.call("obh", f_handle=mine_h.hex(), handle_type=htype_m, flags=O_RDONLY)
+        assert got["errno"] == errno.EACCES
+        got = fh.call("obh", f_handle=theirs_h.hex(), handle_type=htype_t, flags=O_PATH)
+        assert got["errno"] == errno.EACCES
+        subprocess.run(["chattr", "+i", str(mine)], check=True)
+        try:
+            got = fh.call("obh", f_handle=mine_h.hex(), handle_type=htype_m, flags=O_PATH)
+            assert got["errno"] == errno.EACCES  # immutable: not even the owner can chmod it
+        finally:
+            subprocess.run(["chattr", "-i", str(mine)], check=True)
+    finally:
+        xdir.chmod(0o755)
+        xdir.rmdir()
+        mine.unlink()
+        theirs.unlink()

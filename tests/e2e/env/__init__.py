@@ -1,0 +1,1 @@
+"""Preparation of the e2e environment (run prepare.sh / prepare.py as a script)."""
