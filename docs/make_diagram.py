@@ -14,7 +14,8 @@ BOXES = [  # x, y, w, h, title, lines
                                          "6 inject the fd"]),
     (30, 250, 250, 120, "fhmon launch", ["keeps a listener copy,", "re-registers after a",
                                          "restart"]),
-    (330, 250, 240, 120, "key directory", ["N keys verify,", "1 signs (HMAC-SHA256,", "128-bit MAC)"]),
+    (330, 250, 240, 120, "key directory",
+     ["N keys verify,", "1 signs (HMAC-SHA256,", "128-bit MAC)"]),
 ]
 ARROWS = [((280, 90), (330, 90), "trap"), ((570, 90), (620, 90), "readable"),
           ((620, 160), (570, 160), "ADDFD+SEND"), ((330, 160), (280, 160), "fd"),
