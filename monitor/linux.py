@@ -7,13 +7,31 @@ kernel's own errno back to a target.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import struct
-from typing import Final
+from typing import Any, Final
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
+
+
+def _proto(name: str, restype: type, *argtypes: type) -> Any:
+    """A libc function with fixed argument types: no per-call argument conversion objects."""
+    fn = getattr(_libc, name)
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn
+
+
+_c_void_p, _c_int, _c_uint, _c_ulong = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_ulong
+_pvm_readv = _proto("process_vm_readv", ctypes.c_ssize_t, _c_int, _c_void_p, _c_ulong, _c_void_p,
+                    _c_ulong, _c_ulong)
+_pvm_writev = _proto("process_vm_writev", ctypes.c_ssize_t, _c_int, _c_void_p, _c_ulong,
+                     _c_void_p, _c_ulong, _c_ulong)
+_setfsuid = _proto("setfsuid", _c_int, _c_uint)
+_setfsgid = _proto("setfsgid", _c_int, _c_uint)
 
 SYS_SETGROUPS: Final = 116
 SYS_SETFSUID: Final = 122
@@ -63,6 +81,15 @@ def pidfd_open(pid: int, flags: int = 0) -> int:
     return _check(_syscall(SYS_PIDFD_OPEN, ctypes.c_int(pid), ctypes.c_uint(flags)))
 
 
+SYS_PIDFD_SEND_SIGNAL: Final = 424
+
+
+def pidfd_alive(pidfd: int) -> bool:
+    """Signal 0 through the pidfd: does its task (thread, for PIDFD_THREAD) still live?"""
+    return int(_syscall(SYS_PIDFD_SEND_SIGNAL, ctypes.c_int(pidfd), ctypes.c_int(0), None,
+                        ctypes.c_uint(0))) == 0
+
+
 def pidfd_getfd(pidfd: int, targetfd: int) -> int:
     return _check(_syscall(SYS_PIDFD_GETFD, ctypes.c_int(pidfd), ctypes.c_int(targetfd),
                            ctypes.c_uint(0)))
@@ -73,8 +100,7 @@ def process_vm_read_one(pid: int, addr: int, length: int) -> bytes:
     buf = ctypes.create_string_buffer(length)
     local = _IoVec(ctypes.addressof(buf), length)
     remote = _IoVec(addr, length)
-    got = _syscall(SYS_PROCESS_VM_READV, ctypes.c_int(pid), ctypes.byref(local),
-                   ctypes.c_ulong(1), ctypes.byref(remote), ctypes.c_ulong(1), ctypes.c_ulong(0))
+    got = _pvm_readv(pid, ctypes.addressof(local), 1, ctypes.addressof(remote), 1, 0)
     if got < 0:
         err = ctypes.get_errno()
         if err == 14:
@@ -110,8 +136,7 @@ def process_vm_write(pid: int, addr: int, data: bytes) -> int:
     buf = ctypes.create_string_buffer(data, len(data))
     local = _IoVec(ctypes.addressof(buf), len(data))
     remote = _IoVec(addr, len(data))
-    got = _syscall(SYS_PROCESS_VM_WRITEV, ctypes.c_int(pid), ctypes.byref(local),
-                   ctypes.c_ulong(1), ctypes.byref(remote), ctypes.c_ulong(1), ctypes.c_ulong(0))
+    got = _pvm_writev(pid, ctypes.addressof(local), 1, ctypes.addressof(remote), 1, 0)
     if got < 0:
         err = ctypes.get_errno()
         if err == 14:
@@ -168,16 +193,20 @@ def kcmp_same_file(fd1: int, fd2: int) -> bool:
 # syscalls change only the calling thread, which is what a temporary switch needs.
 
 def setfsuid(uid: int) -> int:
-    return int(_syscall(SYS_SETFSUID, ctypes.c_uint(uid)))
+    return int(_setfsuid(uid))  # glibc's setfsuid is a plain per-thread syscall
 
 
 def setfsgid(gid: int) -> int:
-    return int(_syscall(SYS_SETFSGID, ctypes.c_uint(gid)))
+    return int(_setfsgid(gid))
+
+
+@functools.lru_cache(maxsize=256)
+def _groups_array(groups: tuple[int, ...]) -> ctypes.Array[ctypes.c_uint]:
+    return (ctypes.c_uint * max(1, len(groups)))(*groups)
 
 
 def setgroups_thread(groups: tuple[int, ...]) -> None:
-    arr = (ctypes.c_uint * max(1, len(groups)))(*groups)
-    _check(_syscall(SYS_SETGROUPS, ctypes.c_int(len(groups)), arr))
+    _check(_syscall(SYS_SETGROUPS, ctypes.c_int(len(groups)), _groups_array(groups)))
 
 
 class _CapHeader(ctypes.Structure):
@@ -199,9 +228,17 @@ def capget_thread() -> tuple[int, int, int]:
             data[0].inheritable | data[1].inheritable << 32)
 
 
-def capset_thread(effective: int, permitted: int, inheritable: int) -> None:
+@functools.lru_cache(maxsize=64)
+def _capset_args(effective: int, permitted: int,
+                 inheritable: int) -> tuple[_CapHeader, ctypes.Array[_CapData]]:
+    """Prebuilt capset(2) arguments: credential switches run on every call."""
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)(
         _CapData(effective & 0xFFFFFFFF, permitted & 0xFFFFFFFF, inheritable & 0xFFFFFFFF),
         _CapData(effective >> 32, permitted >> 32, inheritable >> 32))
+    return header, data
+
+
+def capset_thread(effective: int, permitted: int, inheritable: int) -> None:
+    header, data = _capset_args(effective, permitted, inheritable)
     _check(_syscall(SYS_CAPSET, ctypes.byref(header), data))

@@ -34,7 +34,7 @@ from monitor.listener import Listener, is_seccomp_listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
 from monitor.policy import RegistrationRefused, Share, pin_share
 from monitor.signing import KeyDirError, KeyRing
-from monitor.target import Credentials, TargetThread, read_status
+from monitor.target import Credentials, TargetThread, ThreadCache, read_status
 from protocol import keeper as keeper_wire
 from protocol import native, oci
 
@@ -61,6 +61,7 @@ class Target:
     convention: str
     registered_at: float = field(default_factory=time.time)
     calls: int = 0
+    threads: ThreadCache = field(default_factory=ThreadCache)
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.target_id, "pid": self.pid, "share": self.share.host_path,
@@ -110,6 +111,13 @@ class Service:
             if now != last:
                 last = now
                 self.reload_keys()
+
+    async def sweep_threads(self, interval: float = 1.0) -> None:
+        """Close the cached pidfds of target threads that exited (fd count back to base)."""
+        while True:
+            await trio.sleep(interval)
+            for target in list(self.targets.values()):
+                target.threads.sweep()
 
     def _key_dir_fingerprint(self) -> tuple[Any, ...]:
         try:
@@ -161,6 +169,7 @@ class Service:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.watch_keys)
+                nursery.start_soon(self.sweep_threads)
                 if self.config.metrics_address:
                     from monitor.prom import serve_http
 
@@ -459,11 +468,13 @@ class Service:
                         continue  # the caller went away between poll and recv
                     raise
                 target.calls += 1
-                ctx = CallContext(listener, notif, TargetThread(listener, notif), target.share,
-                                  self.keys, self.config.signing, target.target_id)
+                ctx = CallContext(listener, notif, TargetThread(listener, notif, target.threads),
+                                  target.share, self.keys, self.config.signing,
+                                  target.target_id)
                 self.dispatcher.dispatch(ctx)
         finally:
             del self.targets[target.target_id]
+            target.threads.close()
             listener.close()
             target.share.close()
             log.event("target_gone", target=target.target_id, pid=target.pid, calls=target.calls)

@@ -115,7 +115,8 @@ def _reopen_as_target(ctx: CallContext, obj: int, flags: int, is_dir: bool) -> i
                 return os.open(link, attempt | os.O_CLOEXEC)
             except OSError as exc:
                 first_error = first_error or exc.errno or errno.EACCES
-    if flags & kernel.O_PATH and first_error == errno.EACCES and os.fstat(obj).st_uid == creds.fsuid:
+    owned = os.fstat(obj).st_uid == creds.fsuid
+    if flags & kernel.O_PATH and first_error == errno.EACCES and owned:
         # The owner may chmod itself read access at any time, so a read-only fd grants it
         # nothing new; opened by fhmon (CAP_DAC_READ_SEARCH passes the read check).
         fd = os.open(link, attempts[0] | os.O_CLOEXEC)
