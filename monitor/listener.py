@@ -6,6 +6,7 @@ call whose value matters (ADDFD returns the target's new fd number) passes a byt
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -15,6 +16,10 @@ import signal
 from protocol import kernel
 
 _ALL_SIGNALS = signal.valid_signals()
+_libc = ctypes.CDLL(None, use_errno=True)
+_ioctl = _libc.ioctl
+_ioctl.restype = ctypes.c_int
+_ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
 
 
 class NotificationGone(Exception):
@@ -43,6 +48,22 @@ class Listener:
 
     def pending(self) -> bool:
         return any(ev & select.POLLIN for _, ev in self._poller.poll(0))
+
+    def receive_blocking(self) -> kernel.Notification | None:
+        """RECV that sleeps in the kernel until a call arrives (a worker thread's loop).
+
+        A thread asleep here gets the kernel's same-CPU wake-up hint (SYNC_WAKE_UP), which
+        an epoll wait does not. Returns None when interrupted by a signal (how the service
+        wakes the thread to stop), and never blocks the caller's other threads: ctypes
+        releases the GIL for the call.
+        """
+        buf = ctypes.create_string_buffer(kernel.SECCOMP_NOTIF_SIZE)
+        if _ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_RECV, buf) < 0:
+            err = ctypes.get_errno()
+            if err in (errno.EINTR, errno.ENOENT):
+                return None
+            raise OSError(err, os.strerror(err))
+        return kernel.Notification.parse(buf.raw)
 
     def receive(self) -> kernel.Notification:
         buf = bytearray(kernel.SECCOMP_NOTIF_SIZE)

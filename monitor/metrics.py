@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ class CallStats:
     refusals: Counter[str] = field(default_factory=Counter)
     seconds: dict[str, float] = field(default_factory=dict)
     registrations: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def as_dict(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -53,8 +55,9 @@ def metrics_middleware(stats: CallStats, observers: list[ObserveFn] | None = Non
             finally:
                 elapsed = time.perf_counter() - start
                 result = result_name(failure)
-                stats.results[(name, result)] += 1
-                stats.seconds[name] = stats.seconds.get(name, 0.0) + elapsed
+                with stats.lock:  # worker threads (recv_thread) share these counters
+                    stats.results[(name, result)] += 1
+                    stats.seconds[name] = stats.seconds.get(name, 0.0) + elapsed
                 for observe in extra:
                     observe(name, result, elapsed, ctx)
         return measured
@@ -71,7 +74,8 @@ def audit_middleware(stats: CallStats) -> Middleware:
             except SyscallError as exc:
                 ctx.note = ctx.note or exc.reason
                 if exc.errno in _POLICY_ERRNOS and ctx.note:
-                    stats.refusals[ctx.note] += 1
+                    with stats.lock:
+                        stats.refusals[ctx.note] += 1
                     log.audit("call_refused", syscall=name, errno=result_name(exc),
                               reason=ctx.note, tid=ctx.thread.tid,
                               tgid=_tgid(ctx), share=ctx.share.host_path,

@@ -15,9 +15,11 @@ import json
 import logging
 import os
 import resource
+import signal
 import socket
 import stat
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,9 +38,10 @@ from monitor.policy import RegistrationRefused, Share, pin_share
 from monitor.signing import KeyDirError, KeyRing
 from monitor.target import Credentials, TargetThread, ThreadCache, read_status
 from protocol import keeper as keeper_wire
-from protocol import native, oci
+from protocol import kernel, native, oci
 
 MAX_FDS_PER_MESSAGE = 16
+_WAKE = signal.SIGUSR1  # interrupts a worker thread's RECV
 RECV_CHUNK = 64 * 1024
 
 
@@ -161,6 +164,8 @@ class Service:
 
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         _raise_fd_limit()
+        if self.config.recv_thread:
+            signal.signal(_WAKE, lambda *_: None)  # interrupt RECV without killing us
         sock = self.prepare_socket()
         if self.config.drop_capabilities:
             from monitor.hardening import drop_capabilities
@@ -453,6 +458,9 @@ class Service:
 
     # --- one registered listener --------------------------------------------------------
     async def _serve_target(self, target: Target) -> None:
+        if self.config.recv_thread:
+            await self._serve_target_in_thread(target)
+            return
         listener = target.listener
         try:
             while True:
@@ -467,12 +475,53 @@ class Service:
                     if exc.errno in (errno.ENOENT, errno.EINTR):
                         continue  # the caller went away between poll and recv
                     raise
-                target.calls += 1
-                ctx = CallContext(listener, notif, TargetThread(listener, notif, target.threads),
-                                  target.share, self.keys, self.config.signing,
-                                  target.target_id)
-                self.dispatcher.dispatch(ctx)
+                self._answer(target, notif)
         finally:
+            del self.targets[target.target_id]
+            target.threads.close()
+            listener.close()
+            target.share.close()
+            log.event("target_gone", target=target.target_id, pid=target.pid, calls=target.calls)
+
+    def _answer(self, target: Target, notif: kernel.Notification) -> None:
+        target.calls += 1
+        ctx = CallContext(target.listener, notif,
+                          TargetThread(target.listener, notif, target.threads), target.share,
+                          self.keys, self.config.signing, target.target_id)
+        self.dispatcher.dispatch(ctx)
+
+    async def _serve_target_in_thread(self, target: Target) -> None:
+        """One OS thread per listener, asleep in RECV (the kernel's same-CPU wake-up hint
+        reaches it; an epoll wait loses it), answering each call itself. trio only watches
+        for POLLHUP and for a stop, and then wakes the thread with SIGUSR1 (RECV returns
+        EINTR; the ioctl is made through ctypes, which does not retry)."""
+        listener = target.listener
+        stop = threading.Event()
+
+        def work() -> None:
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - {_WAKE})
+            while not stop.is_set():
+                try:
+                    notif = listener.receive_blocking()
+                except OSError:
+                    log.event("recv_failed", logging.ERROR, target=target.target_id,
+                              exc_info=True)
+                    return
+                if notif is not None:
+                    self._answer(target, notif)
+
+        worker = threading.Thread(target=work, name=f"fhmon-target-{target.target_id}",
+                                  daemon=True)
+        worker.start()
+        try:
+            while worker.is_alive() and not listener.hung_up():
+                await trio.sleep(0.25)
+        finally:
+            stop.set()
+            while worker.is_alive():
+                if worker.ident is not None:
+                    signal.pthread_kill(worker.ident, _WAKE)
+                worker.join(0.05)
             del self.targets[target.target_id]
             target.threads.close()
             listener.close()

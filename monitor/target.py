@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import threading
 from dataclasses import dataclass
 
 from monitor import linux
@@ -87,29 +88,37 @@ class ThreadCache:
     def __init__(self, limit: int = 1024) -> None:
         self._entries: dict[int, tuple[int, ThreadStatus | None]] = {}
         self._limit = limit
+        # The sweeper (trio's thread) and a RECV worker thread may both use the cache.
+        self._lock = threading.Lock()
 
     def get(self, tid: int) -> tuple[int, ThreadStatus | None] | None:
-        entry = self._entries.get(tid)
-        if entry is None:
+        with self._lock:
+            entry = self._entries.get(tid)
+            if entry is None:
+                return None
+            if linux.pidfd_alive(entry[0]):
+                return entry
+            self._drop(tid)
             return None
-        if linux.pidfd_alive(entry[0]):
-            return entry
-        self._drop(tid)
-        return None
 
     def put(self, tid: int, pidfd: int, status: ThreadStatus | None) -> None:
-        old = self._entries.pop(tid, None)
-        if old is not None and old[0] != pidfd:
-            os.close(old[0])
-        if len(self._entries) >= self._limit:
-            self.sweep()
-        if len(self._entries) >= self._limit:
-            os.close(pidfd)
-            return
-        self._entries[tid] = (pidfd, status)
+        with self._lock:
+            old = self._entries.pop(tid, None)
+            if old is not None and old[0] != pidfd:
+                os.close(old[0])
+            if len(self._entries) >= self._limit:
+                self._sweep()
+            if len(self._entries) >= self._limit:
+                os.close(pidfd)
+                return
+            self._entries[tid] = (pidfd, status)
 
     def sweep(self) -> int:
         """Forget threads that exited; returns how many remain."""
+        with self._lock:
+            return self._sweep()
+
+    def _sweep(self) -> int:
         for tid, (pidfd, _) in list(self._entries.items()):
             if not linux.pidfd_alive(pidfd):
                 self._drop(tid)
@@ -120,8 +129,9 @@ class ThreadCache:
         os.close(pidfd)
 
     def close(self) -> None:
-        for tid in list(self._entries):
-            self._drop(tid)
+        with self._lock:
+            for tid in list(self._entries):
+                self._drop(tid)
 
 
 class TargetThread:

@@ -159,8 +159,12 @@ class Service:
             subprocess.run([FHMON, "keygen", "--key-dir", str(self.key_dir)], check=True,
                            capture_output=True)
         self.log_path = self.dir / "serve.log"
+        # FHMON_TEST_CONFIG: run the whole suite against another configuration (e.g.
+        # recv_thread = true); explicit --config in `extra` comes later and wins.
+        base_config = os.environ.get("FHMON_TEST_CONFIG")
         self.argv = [FHMON, "serve", "--socket", self.socket, "--key-dir", str(self.key_dir),
-                     *[arg for a in allow for arg in ("--allow", a)], *(extra or [])]
+                     *[arg for a in allow for arg in ("--allow", a)],
+                     *(["--config", base_config] if base_config else []), *(extra or [])]
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 

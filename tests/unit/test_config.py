@@ -16,9 +16,10 @@ from monitor.config import Config, ConfigError, apply, finish
 
 FAST = settings(max_examples=200, deadline=None)
 
-ALL_KEYS = ["allow", "key_dir", "log_level", "max_connections", "max_targets",
-            "metrics_address", "registration_timeout", "signing", "socket", "socket_group",
-            "socket_mode", "socket_owner", "state_dir", "sync_wakeup"]
+ALL_KEYS = ["allow", "drop_capabilities", "keeper_socket", "key_dir", "log_level",
+            "max_connections", "max_targets", "metrics_address", "recv_thread",
+            "registration_timeout", "signing", "socket", "socket_group", "socket_mode",
+            "socket_owner", "state_dir", "sync_wakeup"]
 
 
 def _apply(values: dict[str, Any]) -> Config:
@@ -322,7 +323,10 @@ def test_to_toml_default_text() -> None:
         'metrics_address = ""\n'
         "sync_wakeup = true\n"
         "signing = true\n"
-        'state_dir = ""\n')
+        'state_dir = ""\n'
+        'keeper_socket = ""\n'
+        "drop_capabilities = true\n"
+        "recv_thread = false\n")
 
 
 def test_to_toml_quotes() -> None:
