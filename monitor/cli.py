@@ -21,7 +21,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides: dict[str, Any] = {}
     for key in ("socket", "key_dir", "allow", "socket_mode", "socket_owner", "socket_group",
-                "log_level", "metrics_address", "keeper_socket"):
+                "log_level", "metrics_address", "keeper_socket", "sandbox"):
         value = getattr(args, key)
         if value is not None:
             overrides[key] = value
@@ -241,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket-group", dest="socket_group")
     serve.add_argument("--log-level", dest="log_level")
     serve.add_argument("--metrics-address", dest="metrics_address")
+    serve.add_argument("--sandbox", action="store_const", const=True, default=None,
+                       help="run fhmon itself under a seccomp allow-list after start-up")
     serve.add_argument("--keeper", dest="keeper_socket", metavar="SOCKET",
                        help="deposit OCI-registered listeners with `fhmon keeper` there and "
                        "take them back at start-up, so they survive restarts")

@@ -40,6 +40,7 @@ class Config:
     keeper_socket: str = ""
     drop_capabilities: bool = True
     recv_thread: bool = False
+    sandbox: bool = False
 
     def to_toml(self) -> str:
         lines = []
@@ -186,7 +187,7 @@ def _validate(key: str, value: Any) -> Any:
             if number < 1:
                 raise ConfigError(f"config key {key!r}: must be at least 1")
             return number
-        case "sync_wakeup" | "signing" | "drop_capabilities" | "recv_thread":
+        case "sync_wakeup" | "signing" | "drop_capabilities" | "recv_thread" | "sandbox":
             return _expect(key, value, bool)
     raise ConfigError(f"unknown config key {key!r}")
 

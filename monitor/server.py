@@ -171,6 +171,10 @@ class Service:
             from monitor.hardening import drop_capabilities
 
             log.event("capabilities", kept=drop_capabilities())
+        if self.config.sandbox:
+            from monitor import sandbox
+
+            log.event("sandbox", rules=sandbox.install())
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.watch_keys)

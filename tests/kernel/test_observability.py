@@ -107,3 +107,21 @@ def test_fhmon_keeps_only_the_capabilities_it_needs(fhmon: Service) -> None:
     events = [e for e in fhmon.events() if e.get("event") == "capabilities"]
     assert events and sorted(events[0]["kept"]) == sorted(
         ["CAP_DAC_READ_SEARCH", "CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SYS_PTRACE"])
+
+
+def test_sandboxed_fhmon_serves_under_its_own_filter(world: World) -> None:
+    service = Service(world.base, [str(world.shares / "*")], name="sandboxed",
+                      extra=["--sandbox"])
+    agent = Agent(world, "fhmon", world.main, service.socket)
+    try:
+        h = N2HResult.of(agent.call("n2h", path="dir/inner"))
+        assert h.errno == 0
+        assert agent.call("obh", handle_type=h.handle_type,
+                          f_handle=h.f_handle.hex())["errno"] == 0
+        status = Path(f"/proc/{service.pid}/status").read_text()
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        assert fields["Seccomp"].strip() == "2" and fields["NoNewPrivs"].strip() == "1"
+        assert any(e.get("event") == "sandbox" and e["rules"] > 100 for e in service.events())
+    finally:
+        agent.close()
+        service.stop()

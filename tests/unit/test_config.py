@@ -18,8 +18,8 @@ FAST = settings(max_examples=200, deadline=None)
 
 ALL_KEYS = ["allow", "drop_capabilities", "keeper_socket", "key_dir", "log_level",
             "max_connections", "max_targets", "metrics_address", "recv_thread",
-            "registration_timeout", "signing", "socket", "socket_group", "socket_mode",
-            "socket_owner", "state_dir", "sync_wakeup"]
+            "registration_timeout", "sandbox", "signing", "socket", "socket_group",
+            "socket_mode", "socket_owner", "state_dir", "sync_wakeup"]
 
 
 def _apply(values: dict[str, Any]) -> Config:
@@ -326,7 +326,8 @@ def test_to_toml_default_text() -> None:
         'state_dir = ""\n'
         'keeper_socket = ""\n'
         "drop_capabilities = true\n"
-        "recv_thread = false\n")
+        "recv_thread = false\n"
+        "sandbox = false\n")
 
 
 def test_to_toml_quotes() -> None:
