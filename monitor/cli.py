@@ -175,15 +175,23 @@ def _ask(socket_path: str, request: Any, timeout: float) -> Any:
         return message
 
 
-def _probe(args: argparse.Namespace) -> int:
+def _ask_json(command: str, args: argparse.Namespace, request: Any) -> Any:
+    """Send one request, return the decoded JSON answer; None (reported) on failure."""
     from protocol import native
 
     try:
-        answer = _ask(args.socket, native.Ping(), args.timeout)
-    except (OSError, native.ProtocolError) as exc:
-        print(f"fhmon probe: {args.socket}: {exc}", file=sys.stderr)
+        return json.loads(_ask(args.socket, request, args.timeout).json)
+    except (OSError, native.ProtocolError, ValueError, AttributeError) as exc:
+        print(f"fhmon {command}: {args.socket}: {exc}", file=sys.stderr)
+        return None
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from protocol import native
+
+    health = _ask_json("probe", args, native.Ping())
+    if health is None:
         return 1
-    health = json.loads(answer.json)
     print(json.dumps(health))
     return 0 if health.get("ok") else 1
 
@@ -191,12 +199,9 @@ def _probe(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from protocol import native
 
-    try:
-        answer = _ask(args.socket, native.StatusRequest(), args.timeout)
-    except (OSError, native.ProtocolError) as exc:
-        print(f"fhmon status: {args.socket}: {exc}", file=sys.stderr)
+    status = _ask_json("status", args, native.StatusRequest())
+    if status is None:
         return 1
-    status = json.loads(answer.json)
     if args.json:
         print(json.dumps(status, indent=2))
         return 0

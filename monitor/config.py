@@ -10,6 +10,7 @@ import dataclasses
 import grp
 import pwd
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,30 +110,26 @@ def parse_mode(key: str, value: Any) -> int:
     return mode
 
 
-def parse_user(key: str, value: Any) -> int:
+def _parse_id(key: str, value: Any, kind: str, lookup: Callable[[str], int]) -> int:
+    """A numeric id, or a name looked up in the user or group database."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str):
         if value.isdigit():
             return int(value)
         try:
-            return pwd.getpwnam(value).pw_uid
+            return lookup(value)
         except KeyError:
-            raise ConfigError(f"config key {key!r}: no user {value!r}") from None
-    raise ConfigError(f"config key {key!r}: expected a user name or uid")
+            raise ConfigError(f"config key {key!r}: no {kind} {value!r}") from None
+    raise ConfigError(f"config key {key!r}: expected a {kind} name or {kind[0]}id")
+
+
+def parse_user(key: str, value: Any) -> int:
+    return _parse_id(key, value, "user", lambda name: pwd.getpwnam(name).pw_uid)
 
 
 def parse_group(key: str, value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        if value.isdigit():
-            return int(value)
-        try:
-            return grp.getgrnam(value).gr_gid
-        except KeyError:
-            raise ConfigError(f"config key {key!r}: no group {value!r}") from None
-    raise ConfigError(f"config key {key!r}: expected a group name or gid")
+    return _parse_id(key, value, "group", lambda name: grp.getgrnam(name).gr_gid)
 
 
 def apply(config: Config, values: dict[str, Any], source: str) -> Config:

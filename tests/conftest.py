@@ -34,6 +34,16 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("fhmon's tests need root: fhmon itself runs as root")
 
 
+def wait_until(predicate: Any, timeout: float = 10.0) -> bool:
+    """Poll predicate until true or timeout: fhmon frees resources asynchronously."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())
+
+
 @dataclass
 class World:
     """A directory tree every test shares: shares, an outside area, the agent program."""

@@ -9,17 +9,8 @@ import threading
 import time
 from typing import Any
 
-from tests.conftest import Agent, Service
+from tests.conftest import Agent, Service, wait_until
 from tests.handles import N2HResult
-
-
-def wait_for(predicate: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return bool(predicate())
 
 
 def test_concurrent_multithreaded_targets(spawn: Any) -> None:
@@ -54,8 +45,8 @@ def test_killed_target_frees_everything_and_others_keep_working(spawn: Any,
     target_pid = victim.pid
     os.kill(target_pid, signal.SIGKILL)
     victim.proc.wait(timeout=10)
-    assert wait_for(lambda: target_pid not in [t["pid"] for t in fhmon.status()["targets"]])
-    assert wait_for(lambda: fhmon.fd_count() == baseline), (fhmon.fd_count(), baseline)
+    assert wait_until(lambda: target_pid not in [t["pid"] for t in fhmon.status()["targets"]])
+    assert wait_until(lambda: fhmon.fd_count() == baseline), (fhmon.fd_count(), baseline)
     for _ in range(100):
         assert bystander.call("n2h", path="file")["errno"] == 0
 
@@ -91,7 +82,7 @@ def test_ten_thousand_calls_keep_fds_and_memory_flat(spawn: Any, fhmon: Service)
         out = agent.call("hammer", calls=625, threads=4, **spec)
         assert sum(out["results"].values()) == 2500
     assert agent.call("fdcount")["fds"] < 20  # every injected fd was closed by the agent
-    assert wait_for(lambda: fhmon.fd_count() == fds_before), (fhmon.fd_count(), fds_before)
+    assert wait_until(lambda: fhmon.fd_count() == fds_before), (fhmon.fd_count(), fds_before)
     growth = fhmon.rss_kib() - rss_before
     assert growth < 4096, f"fhmon RSS grew by {growth} KiB over 10,000 calls"
 

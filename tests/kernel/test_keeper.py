@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FHMON, Agent, Service, World
+from tests.conftest import FHMON, Agent, Service, World, wait_until
 from tests.handles import N2HResult
 
 
@@ -48,7 +48,7 @@ def test_keeper_carries_runc_listeners_across_a_sigkill(world: World, keeper: st
     try:
         h = N2HResult.of(agent.call("n2h", path="dir/inner"))
         assert h.errno == 0
-        assert any(e.get("event") == "deposited" for e in service.events()) or _wait(
+        assert any(e.get("event") == "deposited" for e in service.events()) or wait_until(
             lambda: any(e.get("event") == "deposited" for e in service.events()))
         service.stop(signal.SIGKILL)
         answers: dict[str, Any] = {}
@@ -67,10 +67,3 @@ def test_keeper_carries_runc_listeners_across_a_sigkill(world: World, keeper: st
         service.stop()
 
 
-def _wait(predicate: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False

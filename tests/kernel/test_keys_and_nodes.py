@@ -6,11 +6,10 @@ import errno
 import shutil
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import FHMON, Agent, Service, World
+from tests.conftest import FHMON, Agent, Service, World, wait_until
 from tests.handles import N2HResult
 
 
@@ -25,13 +24,6 @@ def keygen(key_dir: Path, *extra: str) -> str:
     return out.stdout.strip()
 
 
-def wait_until(predicate: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def handle(agent: Agent, path: str) -> dict[str, Any]:
