@@ -67,9 +67,18 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         trio.run(main)
     except Exception as exc:  # a start-up failure: say what and where
-        print(f"fhmon serve: {exc}", file=sys.stderr)
+        leaves = _leaves(exc)
+        for leaf in leaves:
+            print(f"fhmon serve: {leaf}", file=sys.stderr)
         return 1
     return 0
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The real errors inside (nested) exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
 
 
 def _prepare_embedded(config: cfg.Config) -> None:

@@ -190,7 +190,12 @@ class Service:
                           signer=f"{self.keys.signer:08x}", pid=os.getpid())
                 task_status.started()
                 while True:
-                    conn, _ = await sock.accept()
+                    try:
+                        conn, _ = await sock.accept()
+                    except OSError as exc:  # EMFILE/ENFILE: never let a flood stop us
+                        log.event("accept_failed", logging.ERROR, error=exc.strerror)
+                        await trio.sleep(0.1)
+                        continue
                     if self._connections >= self.config.max_connections:
                         conn.close()
                         log.event("connection_dropped", logging.WARNING,
@@ -250,6 +255,10 @@ class Service:
                 decoder.feed(data)
                 message = decoder.next_message()
                 while message is not None:
+                    if not isinstance(message, native.Hello):
+                        for fd in fds:  # fds ride only with HELLO; never keep strays
+                            _close_quietly(fd)
+                        fds.clear()
                     reply = self._native_message(message, peer, fds, nursery, registered)
                     if isinstance(message, native.Hello):
                         registered = registered or isinstance(reply, native.Accept)
@@ -282,6 +291,12 @@ class Service:
                 while (message := decoder.next_message()) is not None:
                     if isinstance(message, native.Ping):
                         await conn.send(native.encode(self._pong()))
+                    elif isinstance(message, native.StatusRequest):
+                        await conn.send(native.encode(native.StatusReply(
+                            json.dumps(self.status()))))
+                    elif isinstance(message, native.Hello):
+                        await conn.send(native.encode(native.Refuse(
+                            errno.EALREADY, "this connection already registered")))
             except native.ProtocolError:
                 return
 
@@ -368,6 +383,9 @@ class Service:
             if peer.uid != 0 and target_status.uid != peer.uid:
                 raise RegistrationRefused(f"process {target_pid} does not belong to uid "
                                           f"{peer.uid}", errno.EPERM)
+            if not target_status.seccomp_filtered:
+                raise RegistrationRefused(f"process {target_pid} runs under no seccomp filter: "
+                                          f"the listener does not belong to it", errno.EPERM)
             try:
                 root_fd = os.open(f"/proc/{target_pid}/root", os.O_PATH | os.O_CLOEXEC)
             except OSError as exc:
@@ -489,10 +507,28 @@ class Service:
 
     def _answer(self, target: Target, notif: kernel.Notification) -> None:
         target.calls += 1
-        ctx = CallContext(target.listener, notif,
-                          TargetThread(target.listener, notif, target.threads), target.share,
-                          self.keys, self.config.signing, target.target_id)
+        thread = TargetThread(target.listener, notif, target.threads)
+        if target.peer.uid != 0 and not self._owned_by_peer(target, thread):
+            return
+        ctx = CallContext(target.listener, notif, thread, target.share, self.keys,
+                          self.config.signing, target.target_id)
         self.dispatcher.dispatch(ctx)
+
+    def _owned_by_peer(self, target: Target, thread: TargetThread) -> bool:
+        """An unprivileged client registered this listener: serve only processes of its own
+        uid (the kernel cannot tell fhmon whose filter a listener is before a call comes).
+        Another uid's call is answered EPERM, as without fhmon."""
+        try:
+            uid = thread.status.uid
+        except Exception:
+            return False  # gone
+        if uid == target.peer.uid:
+            return True
+        log.audit("call_refused", syscall=notif_name(thread.notif.nr), errno="EPERM",
+                  reason=f"caller uid {uid} is not the registering client's uid "
+                  f"{target.peer.uid}", tid=thread.tid, target=target.target_id)
+        target.listener.respond(thread.notif.id, error=errno.EPERM)
+        return False
 
     async def _serve_target_in_thread(self, target: Target) -> None:
         """One OS thread per listener, asleep in RECV (the kernel's same-CPU wake-up hint
@@ -541,6 +577,11 @@ class Service:
 
 
 # --- small I/O helpers ------------------------------------------------------------------
+
+def notif_name(nr: int) -> str:
+    return {kernel.SYS_NAME_TO_HANDLE_AT: "name_to_handle_at",
+            kernel.SYS_OPEN_BY_HANDLE_AT: "open_by_handle_at"}.get(nr, str(nr))
+
 
 def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -597,6 +638,10 @@ async def _read_oci(conn: trio.socket.SocketType, data: bytes,
         if state is not None:
             return state, fds
         more, fds = await _recv_with_fds(conn, fds)
+        if len(fds) > MAX_FDS_PER_MESSAGE:
+            log.audit("registration_refused", reason=f"more than {MAX_FDS_PER_MESSAGE} fds "
+                      f"with one state message", convention="oci")
+            return None
         if not more:
             log.audit("registration_refused", reason="connection closed before a whole "
                       "state message arrived", convention="oci")

@@ -43,6 +43,7 @@ class KeyRing:
         if signer not in keys:
             raise KeyDirError(f"signing key {signer:08x} is not among the keys")
         self._macs = {kid: self._keyed(key) for kid, key in keys.items()}
+        self._prefixed: dict[tuple[int, bytes], crypto_hmac.HMAC] = {}
         self.signer = signer
 
     @staticmethod
@@ -53,24 +54,30 @@ class KeyRing:
     def key_ids(self) -> tuple[int, ...]:
         return tuple(sorted(self._macs))
 
-    def _mac(self, key_id: int, message: bytes) -> bytes:
-        h = self._macs[key_id].copy()
-        h.update(message)
+    def _mac(self, key_id: int, share_id: bytes, handle_type: int,
+             kernel_bytes: bytes) -> bytes:
+        """HMAC over signed_handle.mac_message(...), with the per-share prefix absorbed once."""
+        prefixed = self._prefixed.get((key_id, share_id))
+        if prefixed is None:
+            prefixed = self._macs[key_id].copy()
+            prefixed.update(signed_handle.mac_prefix(share_id))
+            if len(self._prefixed) < 4096:
+                self._prefixed[(key_id, share_id)] = prefixed
+        h = prefixed.copy()
+        h.update(signed_handle.mac_suffix(handle_type, kernel_bytes, key_id))
         return h.finalize()[: signed_handle.MAC_SIZE]
 
     def sign(self, share_id: bytes, handle_type: int, kernel_bytes: bytes) -> bytes:
         """The f_handle to give a target: kernel bytes + key id + MAC (deterministic)."""
-        message = signed_handle.mac_message(share_id, handle_type, kernel_bytes, self.signer)
-        return signed_handle.assemble(kernel_bytes, self.signer, self._mac(self.signer, message))
+        mac = self._mac(self.signer, share_id, handle_type, kernel_bytes)
+        return signed_handle.assemble(kernel_bytes, self.signer, mac)
 
     def verify(self, share_id: bytes, handle_type: int, f_handle: bytes) -> bytes | None:
         """The kernel bytes if the MAC is right for this share and a known key, else None."""
         parts = signed_handle.split(f_handle)
         if parts is None or parts.key_id not in self._macs:
             return None
-        message = signed_handle.mac_message(share_id, handle_type, parts.kernel_bytes,
-                                            parts.key_id)
-        expected = self._mac(parts.key_id, message)
+        expected = self._mac(parts.key_id, share_id, handle_type, parts.kernel_bytes)
         if not std_hmac.compare_digest(expected, parts.mac):
             return None
         return parts.kernel_bytes
@@ -89,7 +96,11 @@ class KeyRing:
             raise KeyDirError(f"key directory {directory} is writable by group or others "
                               f"(mode {st.st_mode & 0o777:o}); chmod 0700 it")
         keys: dict[int, bytes] = {}
-        for entry in sorted(os.listdir(directory)):
+        try:
+            entries = sorted(os.listdir(directory))
+        except OSError as exc:
+            raise KeyDirError(f"cannot list key directory {directory}: {exc.strerror}") from None
+        for entry in entries:
             match = _KEY_NAME.match(entry)
             if not match:
                 continue
@@ -100,8 +111,9 @@ class KeyRing:
         signer_path = directory / SIGNER_FILE
         try:
             signer_text = signer_path.read_text().strip()
-        except OSError:
-            raise KeyDirError(f"{signer_path} missing: it names the signing key id") from None
+        except OSError as exc:
+            raise KeyDirError(f"cannot read {signer_path} ({exc.strerror}): it names the "
+                              f"signing key id") from None
         if not re.fullmatch(r"[0-9a-fA-F]{8}", signer_text):
             raise KeyDirError(f"{signer_path} must hold 8 hex digits, not {signer_text!r}")
         signer = int(signer_text, 16)

@@ -43,10 +43,28 @@ class ThreadStatus:
     credentials: Credentials
     uid: int  # real uid: who owns the process
     frozen: bool = False  # these credentials can never change for this thread's life
+    seccomp_filtered: bool = True  # "Seccomp: 2": the thread runs under a filter
 
 
 _STATUS_FIELDS = re.compile(
-    rb"^(Tgid|Uid|Gid|Groups|CapEff|CapPrm|CapAmb|NoNewPrivs):[ \t]*([^\n]*)$", re.MULTILINE)
+    rb"^(Tgid|Uid|Gid|Groups|CapEff|CapPrm|CapAmb|NoNewPrivs|Seccomp):[ \t]*([^\n]*)$",
+    re.MULTILINE)
+
+
+def _user_ns(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+_OUR_USER_NS = _user_ns("/proc/self/ns/user")
+
+
+def _in_our_user_ns(tid: int) -> bool:
+    theirs = _user_ns(f"/proc/{tid}/ns/user")
+    return theirs is not None and theirs == _OUR_USER_NS
 
 
 def read_status(tid: int) -> ThreadStatus:
@@ -64,7 +82,10 @@ def read_status(tid: int) -> ThreadStatus:
         uids = fields[b"Uid"].split()
         gids = fields[b"Gid"].split()
         groups = tuple(int(g) for g in fields[b"Groups"].split())
-        creds = Credentials(int(uids[3]), int(gids[3]), groups, int(fields[b"CapEff"], 16))
+        # CapEff is relative to the task's own user namespace: a target that made itself
+        # "root" in a new user namespace holds no capability over fhmon's files.
+        caps = int(fields[b"CapEff"], 16) if _in_our_user_ns(tid) else 0
+        creds = Credentials(int(uids[3]), int(gids[3]), groups, caps)
         # No capabilities, one uid and one gid everywhere, no_new_privs: nothing the thread
         # can do (setfsuid to its only uid; no setgroups, no capset gains, no setuid exec)
         # changes what permission checks see.
@@ -72,7 +93,8 @@ def read_status(tid: int) -> ThreadStatus:
                   and int(fields.get(b"CapPrm", b"1"), 16) == 0
                   and int(fields.get(b"CapAmb", b"1"), 16) == 0
                   and fields.get(b"NoNewPrivs") == b"1")
-        return ThreadStatus(int(fields[b"Tgid"]), creds, int(uids[0]), frozen)
+        return ThreadStatus(int(fields[b"Tgid"]), creds, int(uids[0]), frozen,
+                            fields.get(b"Seccomp") == b"2")
     except (KeyError, IndexError, ValueError):
         raise NotificationGone(tid) from None
 
@@ -186,10 +208,13 @@ class TargetThread:
             return b""
         if addr == 0 or addr + length > 1 << 64:
             raise SyscallError(errno.EFAULT)
-        if (addr ^ (addr + length - 1)) < kernel.PAGE_SIZE:  # within one page
-            data = linux.process_vm_read_one(self.tid, addr, length)
-        else:
-            data = linux.process_vm_read(self.tid, kernel.split_page_ranges(addr, length))
+        try:
+            if (addr ^ (addr + length - 1)) < kernel.PAGE_SIZE:  # within one page
+                data = linux.process_vm_read_one(self.tid, addr, length)
+            else:
+                data = linux.process_vm_read(self.tid, kernel.split_page_ranges(addr, length))
+        except ProcessLookupError:
+            raise NotificationGone(self.tid) from None
         self._valid()
         if len(data) != length:
             raise SyscallError(errno.EFAULT)
@@ -199,7 +224,11 @@ class TargetThread:
         """getname(): a NUL-terminated string of at most PATH_MAX bytes with the NUL."""
         if addr == 0:
             raise SyscallError(errno.EFAULT)
-        data = linux.process_vm_read(self.tid, kernel.split_page_ranges(addr, kernel.PATH_MAX))
+        try:
+            data = linux.process_vm_read(self.tid, kernel.split_page_ranges(addr,
+                                                                          kernel.PATH_MAX))
+        except ProcessLookupError:
+            raise NotificationGone(self.tid) from None
         self._valid()
         nul = data.find(b"\0")
         if nul >= 0:
@@ -213,6 +242,12 @@ class TargetThread:
         be written (earlier bytes stay written, as with the kernel). One ID_VALID first:
         the thread cannot go away between the writes without the writes failing."""
         self._valid()
+        try:
+            self._write_chunks(chunks)
+        except ProcessLookupError:
+            raise NotificationGone(self.tid) from None
+
+    def _write_chunks(self, chunks: tuple[tuple[int, bytes], ...]) -> None:
         for addr, data in chunks:
             if addr == 0:
                 raise SyscallError(errno.EFAULT)

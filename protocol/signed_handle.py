@@ -36,10 +36,18 @@ class SignedHandle:
 
 def mac_message(share_id: bytes, handle_type: int, kernel_bytes: bytes, key_id: int) -> bytes:
     """The exact bytes the MAC is computed over (fixed-width fields, no ambiguity)."""
+    return mac_prefix(share_id) + mac_suffix(handle_type, kernel_bytes, key_id)
+
+
+def mac_prefix(share_id: bytes) -> bytes:
+    """The part of the message that only depends on the share (hashed once per share)."""
     if len(share_id) != SHARE_ID_SIZE:
         raise ValueError("share id must be 32 bytes")
-    return (DOMAIN_TAG + share_id + _TYPE_LEN.pack(handle_type, len(kernel_bytes))
-            + kernel_bytes + _KEY_ID.pack(key_id))
+    return DOMAIN_TAG + share_id
+
+
+def mac_suffix(handle_type: int, kernel_bytes: bytes, key_id: int) -> bytes:
+    return _TYPE_LEN.pack(handle_type, len(kernel_bytes)) + kernel_bytes + _KEY_ID.pack(key_id)
 
 
 def assemble(kernel_bytes: bytes, key_id: int, mac: bytes) -> bytes:

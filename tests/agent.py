@@ -242,6 +242,74 @@ def hammer(cmd):
             "failures": odd}
 
 
+# --- adversarial ops (tests/adversarial) ---------------------------------------------------
+
+def race(cmd):
+    """One thread calls in a loop while another rewrites the call's buffer in a tight loop.
+
+    "call" is "n2h" (the buffer is the path) or "obh" (the buffer is the whole struct
+    file_handle). "variants" are hex byte strings written in turn at the same address, so
+    fhmon may read any of them, or a torn mix. Returns errno counts, and for each success
+    what was obtained: the handle bytes (n2h) or the opened file (obh).
+    """
+    import time
+    arena = Arena()  # one arena for both threads: the flipper must hit the caller's buffer
+    ctypes.memset(arena.base, CANARY, 3 * PAGE)
+    variants = [bytes.fromhex(v) for v in cmd["variants"]]
+    buf = arena.base + 64
+    ctypes.memmove(buf, variants[0], len(variants[0]))
+    handle_addr = arena.base + PAGE + 64
+    mnt_addr = arena.base + 2 * PAGE + 64
+    stop = threading.Event()
+    flips = [0]
+
+    def flipper():
+        i = 0
+        while not stop.is_set():
+            v = variants[i % len(variants)]
+            ctypes.memmove(buf, v, len(v))
+            i += 1
+        flips[0] = i
+
+    t = threading.Thread(target=flipper)
+    t.start()
+    errnos, got = {}, {}
+    mount_fd = resolve_fd(cmd.get("mount_fd", "share"))
+    deadline = time.monotonic() + cmd.get("seconds", 30)
+    try:
+        for _ in range(cmd["calls"]):
+            if time.monotonic() > deadline:
+                break
+            if cmd["call"] == "n2h":
+                ctypes.memmove(handle_addr, struct.pack("<Ii", 128, 0), 8)
+                r = libc.syscall(SYS_N2H, ctypes.c_long(-100), ctypes.c_void_p(buf),
+                                 ctypes.c_void_p(handle_addr), ctypes.c_void_p(mnt_addr),
+                                 ctypes.c_long(cmd.get("flags", 0)))
+                err = ctypes.get_errno() if r < 0 else 0
+                if r == 0:
+                    hb, ht = struct.unpack("<Ii", ctypes.string_at(handle_addr, 8))
+                    f_handle = ctypes.string_at(handle_addr + 8, min(hb, 128))
+                    key = f"{ht}:{f_handle.hex()}"
+                    got[key] = got.get(key, 0) + 1
+            else:
+                r = libc.syscall(SYS_OBH, ctypes.c_long(mount_fd), ctypes.c_void_p(buf),
+                                 ctypes.c_long(cmd.get("flags", 0)))
+                err = ctypes.get_errno() if r < 0 else 0
+                if r >= 0:
+                    st = os.fstat(r)
+                    key = f"{st.st_dev}:{st.st_ino}:{os.readlink(f'/proc/self/fd/{r}')}"
+                    got[key] = got.get(key, 0) + 1
+                    os.close(r)
+            errnos[str(err)] = errnos.get(str(err), 0) + 1
+    finally:
+        stop.set()
+        t.join()
+    return {"errnos": errnos, "got": got, "flips": flips[0]}
+
+
+EXTRA_OPS = {"race": race}
+
+
 def main():
     os.chdir(sys.argv[1] if len(sys.argv) > 1 else "/")
     FDS["share"] = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
@@ -250,6 +318,7 @@ def main():
            "probe_open": probe_open,
            "close": lambda c: (os.close(FDS.pop(c["name"])), {"ret": 0})[1],
            "fdcount": lambda c: {"fds": len(os.listdir("/proc/self/fd"))}}
+    ops.update(EXTRA_OPS)
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "exit":
