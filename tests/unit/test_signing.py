@@ -215,7 +215,8 @@ def test_load_binary_key_file(tmp_path: Path) -> None:
 def test_load_missing_signer_file(tmp_path: Path) -> None:
     directory = _key_dir(tmp_path)
     _write_key(directory, 1, bytes(32))
-    with pytest.raises(KeyDirError, match=r"signing-key-id .No such file or directory.: it names the signing key"):
+    with pytest.raises(KeyDirError,
+                       match=r"signing-key-id .No such file or directory.: it names the signing"):
         KeyRing.load(directory)
 
 
