@@ -202,8 +202,12 @@ class TargetThread:
         self.listener.ensure_valid(self.notif.id)
 
     # --- memory --------------------------------------------------------------------
-    def read_exact(self, addr: int, length: int) -> bytes:
-        """copy_from_user: all of it, or EFAULT."""
+    def read_exact(self, addr: int, length: int, *, check: bool = True) -> bytes:
+        """copy_from_user: all of it, or EFAULT.
+
+        check=False defers the ID_VALID to the caller's next validated step; the bytes may
+        then only steer checks that have no effect outside fhmon until that step.
+        """
         if length == 0:
             return b""
         if addr == 0 or addr + length > 1 << 64:
@@ -215,12 +219,13 @@ class TargetThread:
                 data = linux.process_vm_read(self.tid, kernel.split_page_ranges(addr, length))
         except ProcessLookupError:
             raise NotificationGone(self.tid) from None
-        self._valid()
+        if check:
+            self._valid()
         if len(data) != length:
             raise SyscallError(errno.EFAULT)
         return data
 
-    def read_path(self, addr: int) -> bytes:
+    def read_path(self, addr: int, *, check: bool = True) -> bytes:
         """getname(): a NUL-terminated string of at most PATH_MAX bytes with the NUL."""
         if addr == 0:
             raise SyscallError(errno.EFAULT)
@@ -229,7 +234,8 @@ class TargetThread:
                                                                           kernel.PATH_MAX))
         except ProcessLookupError:
             raise NotificationGone(self.tid) from None
-        self._valid()
+        if check:
+            self._valid()
         nul = data.find(b"\0")
         if nul >= 0:
             return data[:nul]

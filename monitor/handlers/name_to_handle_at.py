@@ -106,7 +106,7 @@ def name_to_handle_at(ctx: CallContext) -> Return:
                                                          | kernel.AT_EMPTY_PATH):
         raise SyscallError(errno.EINVAL)
 
-    path = ctx.thread.read_path(path_ptr)
+    path = ctx.thread.read_path(path_ptr, check=False)  # resolve() validates next
     if not path and not flags & kernel.AT_EMPTY_PATH:
         raise SyscallError(errno.ENOENT)
     obj = resolve(ctx.thread, dirfd, path, bool(flags & kernel.AT_SYMLINK_FOLLOW))
@@ -123,7 +123,8 @@ def name_to_handle_at(ctx: CallContext) -> Return:
         ctx.note = "kernel handle too large for the MAC trailer"
         raise SyscallError(errno.EOPNOTSUPP, ctx.note)
 
-    header = kernel.FileHandleHeader.parse(ctx.thread.read_exact(handle_ptr, 8))
+    # write() validates before anything reaches the target
+    header = kernel.FileHandleHeader.parse(ctx.thread.read_exact(handle_ptr, 8, check=False))
     if header.handle_bytes > kernel.MAX_HANDLE_SZ:
         raise SyscallError(errno.EINVAL)
     f_handle = (ctx.keys.sign(ctx.share.share_id, handle_type, kernel_bytes) if ctx.signing

@@ -40,10 +40,13 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
     handle_ptr = kernel.arg_ptr(args[1])
     flags = kernel.arg_int(args[2])
 
-    header = kernel.FileHandleHeader.parse(ctx.thread.read_exact(handle_ptr, 8))
+    # One ID_VALID after both reads: the header only steers the size checks before it.
+    header = kernel.FileHandleHeader.parse(ctx.thread.read_exact(handle_ptr, 8, check=False))
     if header.handle_bytes == 0 or header.handle_bytes > kernel.MAX_HANDLE_SZ:
+        ctx.thread.listener.ensure_valid(ctx.notif.id)
         raise SyscallError(errno.EINVAL)
     if not kernel.handle_type_is_valid(header.handle_type):
+        ctx.thread.listener.ensure_valid(ctx.notif.id)
         raise SyscallError(errno.EINVAL)
     f_handle = ctx.thread.read_exact(handle_ptr + 8, header.handle_bytes)
     mount_dev = _mount_fd_device(ctx, mount_fd)
@@ -74,8 +77,7 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
     finally:
         os.close(obj)
     try:
-        ctx.thread.listener.ensure_valid(ctx.notif.id)
-        try:
+        try:  # ADDFD itself refuses an id that is no longer valid (ENOENT)
             fd = ctx.thread.listener.inject_and_respond(
                 ctx.notif.id, opened, cloexec=bool(flags & kernel.O_CLOEXEC))
         except OSError as exc:
