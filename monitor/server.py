@@ -88,6 +88,7 @@ class Service:
                                       audit_middleware(self.stats)])
         self.started = time.time()
         self.key_error: str | None = None
+        self.activated = False  # the socket came from systemd: leave it in place
 
     # --- keys -------------------------------------------------------------------------
     def reload_keys(self) -> bool:
@@ -133,7 +134,31 @@ class Service:
             return ()
 
     # --- the socket -------------------------------------------------------------------
+    def _activated_socket(self) -> trio.socket.SocketType | None:
+        """A listening socket handed over by systemd (LISTEN_FDS=1, fd 3), if any.
+
+        systemd keeps it across fhmon restarts, so clients' connects queue instead of
+        failing while fhmon starts again.
+        """
+        if os.environ.get("LISTEN_PID") != str(os.getpid()):
+            return None
+        if os.environ.get("LISTEN_FDS") != "1":
+            raise RegistrationRefused("socket activation: fhmon takes exactly one socket "
+                                      f"(LISTEN_FDS={os.environ.get('LISTEN_FDS')})")
+        for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+            os.environ.pop(name, None)
+        raw = socket.socket(fileno=3)
+        if raw.family != socket.AF_UNIX or raw.type != socket.SOCK_STREAM:
+            raise RegistrationRefused("socket activation: fd 3 is not a unix stream socket")
+        raw.set_inheritable(False)
+        self.activated = True
+        log.event("socket_activated", socket=raw.getsockname())
+        return trio.socket.from_stdlib_socket(raw)
+
     def prepare_socket(self) -> trio.socket.SocketType:
+        activated = self._activated_socket()
+        if activated is not None:
+            return activated
         path = self.config.socket
         directory = os.path.dirname(path) or "."
         os.makedirs(directory, mode=0o755, exist_ok=True)
@@ -205,8 +230,9 @@ class Service:
                     nursery.start_soon(self._connection, conn, nursery)
         finally:
             sock.close()
-            with contextlib.suppress(OSError):
-                os.unlink(self.config.socket)
+            if not self.activated:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.config.socket)
             log.event("shutdown", counters=self.stats.as_dict(),
                       refusals=dict(self.stats.refusals),
                       registrations=dict(self.stats.registrations),

@@ -918,6 +918,17 @@ def test_systemd_unit(unit: configparser.ConfigParser, daemonset: dict[str, Any]
     assert unit["Install"]["WantedBy"] == "multi-user.target"
 
 
+def test_systemd_socket_unit_matches_the_service(unit: configparser.ConfigParser) -> None:
+    socket_unit = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    socket_unit.optionxform = str  # type: ignore[assignment,method-assign]
+    socket_unit.read_string((DEPLOY / "systemd" / "fhmon.socket").read_text())
+    serve = shlex.split(unit["Service"]["ExecStart"])
+    assert socket_unit["Socket"]["ListenStream"] == serve[serve.index("--socket") + 1]
+    assert socket_unit["Socket"]["SocketMode"] == serve[serve.index("--socket-mode") + 1]
+    assert socket_unit["Socket"]["Service"] == "fhmon.service"
+    assert socket_unit["Socket"]["Accept"] == "no"
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     stub = tmp_path / "fhmon"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -125,3 +127,38 @@ def test_sandboxed_fhmon_serves_under_its_own_filter(world: World) -> None:
     finally:
         agent.close()
         service.stop()
+
+
+def test_socket_activation(world: World, tmp_path: Path) -> None:
+    """systemd hands fhmon a listening socket as fd 3 (LISTEN_FDS=1): fhmon serves on it and
+    leaves it in place when it stops (systemd owns it)."""
+    path = str(tmp_path / "activated.sock")
+    tmp_path.chmod(0o755)
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(path)
+    listening.listen(16)
+    fd = listening.fileno()
+    keys = tmp_path / "keys"
+    subprocess.run([FHMON, "keygen", "--key-dir", str(keys)], check=True, capture_output=True)
+    # what systemd does between fork and exec: the socket as fd 3, LISTEN_PID = own pid
+    launcher = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.close(int(sys.argv[1])); "
+                "os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='1'); "
+                "os.execv(sys.argv[2], sys.argv[2:])")
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-c", launcher, str(fd), FHMON, "serve",
+                             "--socket", path, "--key-dir", str(keys), "--allow",
+                             f"{world.shares}/*"], pass_fds=(fd,), stdout=log, stderr=log)
+    listening.close()
+    try:
+        agent = Agent(world, "fhmon", world.main, path)
+        try:
+            assert agent.call("n2h", path="file")["errno"] == 0
+        finally:
+            agent.close()
+        text = (tmp_path / "serve.log").read_text()
+        assert '"event":"socket_activated"' in text
+    finally:
+        proc.send_signal(15)
+        assert proc.wait(timeout=10) == 0
+        log.close()
+    assert os.path.exists(path)  # systemd's socket stays for the next start
