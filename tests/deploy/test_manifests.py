@@ -59,6 +59,7 @@ SERVE_FLAGS = {
     "--socket-group",
     "--metrics-address",
     "--log-level",
+    "--keeper",
 }
 SERVE_REQUIRED = {"--socket", "--key-dir", "--allow"}
 # The oldest Kubernetes minor the manifests target (appArmorProfile is a field since 1.30)
@@ -1172,3 +1173,15 @@ def test_negative_schema_rejects_unknown_field(daemonset: dict[str, Any]) -> Non
     fhmon_container(ds)["securityContext"]["capabilites"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(ds, K8S_VERSIONS[0], strict=True)
+
+
+def test_keeper_container_serves_the_socket_fhmon_deposits_to(
+        daemonset: dict[str, Any]) -> None:
+    spec = daemonset["spec"]["template"]["spec"]
+    (keeper,) = [c for c in spec["containers"] if c["name"] == "keeper"]
+    fhmon_args = fhmon_container(daemonset)["args"]
+    keeper_socket = fhmon_args[fhmon_args.index("--keeper") + 1]
+    assert keeper["args"] == ["keeper", "--socket", keeper_socket]
+    assert keeper["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    mounts = {m["mountPath"] for m in keeper["volumeMounts"]}
+    assert any(keeper_socket.startswith(path + "/") for path in mounts)
