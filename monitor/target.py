@@ -123,7 +123,9 @@ class ThreadCache:
             self._drop(tid)
             return None
 
-    def put(self, tid: int, pidfd: int, status: ThreadStatus | None) -> None:
+    def put(self, tid: int, pidfd: int, status: ThreadStatus | None) -> bool:
+        """Cache pidfd for tid; False if the cache is full of live threads (not kept: the
+        caller still owns pidfd and must close it)."""
         with self._lock:
             old = self._entries.pop(tid, None)
             if old is not None and old[0] != pidfd:
@@ -131,9 +133,9 @@ class ThreadCache:
             if len(self._entries) >= self._limit:
                 self._sweep()
             if len(self._entries) >= self._limit:
-                os.close(pidfd)
-                return
+                return False
             self._entries[tid] = (pidfd, status)
+            return True
 
     def sweep(self) -> int:
         """Forget threads that exited; returns how many remain."""
@@ -178,7 +180,9 @@ class TargetThread:
             pidfd = linux.pidfd_open(self.tid, linux.PIDFD_THREAD)
         except OSError:
             return None
-        self._cache.put(self.tid, pidfd, None)
+        if not self._cache.put(self.tid, pidfd, None):
+            os.close(pidfd)
+            return None
         return pidfd
 
     @property
