@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import array
 import errno
 import fcntl
 import os
 import platform
-import socket
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,36 +51,19 @@ def check_addfd_send() -> Result:
 
 def _listener_probe() -> tuple[bool, str]:
     """Install the real filter in a child and try SET_FLAGS(SYNC_WAKE_UP) on its listener."""
-    parent, child = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            parent.close()
-            fd = seccomp_filter.install(seccomp_filter.build_program())
-            child.sendmsg([b"L"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                    array.array("i", [fd]))])
-            child.recv(1)
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    child.close()
     try:
-        _, ancdata, _, _ = parent.recvmsg(8, socket.CMSG_SPACE(4))
-        if not ancdata:
-            return False, "could not install a filter with NEW_LISTENER"
-        fd = array.array("i", ancdata[0][2][:4])[0]
-        try:
-            fcntl.ioctl(fd, kernel.SECCOMP_IOCTL_NOTIF_SET_FLAGS,
-                        kernel.SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)
-            return True, "available"
-        except OSError as exc:
-            return False, f"SET_FLAGS: {os.strerror(exc.errno or errno.EINVAL)} (needs 6.6+)"
-        finally:
-            os.close(fd)
+        pid, fd, channel = seccomp_filter.fork_under_filter()
+    except (OSError, seccomp_filter.FilterSetupError) as exc:
+        return False, f"could not install a filter with NEW_LISTENER: {exc}"
+    try:
+        fcntl.ioctl(fd, kernel.SECCOMP_IOCTL_NOTIF_SET_FLAGS,
+                    kernel.SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)
+        return True, "available"
+    except OSError as exc:
+        return False, f"SET_FLAGS: {os.strerror(exc.errno or errno.EINVAL)} (needs 6.6+)"
     finally:
-        parent.close()
+        os.close(fd)
+        channel.close()  # the child ends
         os.waitpid(pid, 0)
 
 

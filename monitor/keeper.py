@@ -10,7 +10,6 @@ task left (POLLHUP) is dropped.
 
 from __future__ import annotations
 
-import array
 import logging
 import os
 import socket
@@ -20,7 +19,7 @@ from typing import Any
 
 import trio
 
-from monitor import log
+from monitor import fdpass, log
 from monitor.linux import kcmp_same_file
 from monitor.listener import Listener, is_seccomp_listener
 from protocol import keeper as wire
@@ -72,12 +71,8 @@ class Keeper:
             if peer_uid != 0:
                 return  # only root (fhmon) deposits or withdraws listeners
             while True:
-                data, ancdata, _, _ = await conn.recvmsg(65536, socket.CMSG_SPACE(4 * 4))
-                for level, kind, payload in ancdata:
-                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                        arr = array.array("i")
-                        arr.frombytes(payload[: len(payload) - len(payload) % 4])
-                        fds.extend(arr)
+                data, ancdata, _, _ = await conn.recvmsg(65536, fdpass.space(4))
+                fds.extend(fdpass.fds_from_ancdata(ancdata))
                 if not data:
                     return
                 decoder.feed(data)
@@ -116,6 +111,5 @@ class Keeper:
     async def _withdraw(self, conn: trio.socket.SocketType) -> None:
         for held in list(self.held):
             frame = wire.encode({"op": "listener", "target": held.target})
-            await conn.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                          array.array("i", [held.listener.fd]))])
+            await conn.sendmsg([frame], fdpass.rights([held.listener.fd]))
         await conn.send(wire.encode({"op": "end", "count": len(self.held)}))

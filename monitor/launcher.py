@@ -13,7 +13,6 @@ own trapped calls.
 
 from __future__ import annotations
 
-import array
 import contextlib
 import errno
 import os
@@ -25,13 +24,10 @@ from dataclasses import dataclass
 
 import trio
 
-from monitor import seccomp_filter
+from monitor import fdpass, seccomp_filter
 from protocol import native
 
 REGISTRATION_TIMEOUT = 30.0
-_CHILD_OK = b"L"
-_CHILD_ERR = b"E"
-_GO = b"G"
 
 
 class LaunchError(Exception):
@@ -67,71 +63,23 @@ def parse_user(text: str) -> UserSpec:
     return UserSpec(uid, gid)
 
 
-def _send_fd(sock: socket.socket, data: bytes, fd: int) -> None:
-    sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
-
-
-def _recv_fd(sock: socket.socket, size: int = 4096) -> tuple[bytes, list[int]]:
-    data, ancdata, _, _ = sock.recvmsg(size, socket.CMSG_SPACE(4 * 4))
-    fds: list[int] = []
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            arr = array.array("i")
-            arr.frombytes(payload[: len(payload) - len(payload) % 4])
-            fds.extend(arr)
-    return data, fds
-
-
-def _child(channel: socket.socket, user: UserSpec | None, argv: list[str]) -> None:
-    """Runs in the forked child; never returns."""
-    try:
-        program = seccomp_filter.build_program()
-        if user is not None:
-            os.setgroups([])
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-        listener = seccomp_filter.install(program)
-        _send_fd(channel, _CHILD_OK, listener)
-        os.close(listener)
-        if channel.recv(1) != _GO:
-            os._exit(126)  # the parent gave up (registration refused or fhmon absent)
-        channel.close()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
-        os.execvp(argv[0], argv)
-    except BaseException as exc:  # report to the parent, then die without cleanup handlers
-        with contextlib.suppress(OSError):
-            channel.sendall(_CHILD_ERR + f"{argv[0]}: {exc}".encode(errors="replace"))
-        os._exit(127)
-
-
 def launch(socket_path: str, share: str, user: UserSpec | None, argv: list[str]) -> int:
     if not argv:
         raise LaunchError("no command given after --")
-    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid = os.fork()
-    if pid == 0:
-        parent_end.close()
-        _child(child_end, user, argv)
-    child_end.close()
-    listener = -1
     try:
-        parent_end.settimeout(REGISTRATION_TIMEOUT)
-        data, fds = _recv_fd(parent_end)
-        if data[:1] != _CHILD_OK or len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            reason = data[1:].decode(errors="replace") or "the child exited"
-            raise LaunchError(f"could not install the filter: {reason}")
-        listener = fds[0]
-        return trio.run(_supervise, socket_path, share, pid, listener, parent_end, argv)
+        pid, listener, channel = seccomp_filter.fork_under_filter(
+            (user.uid, user.gid) if user is not None else None, argv,
+            timeout=REGISTRATION_TIMEOUT)
+    except (OSError, seccomp_filter.FilterSetupError) as exc:
+        raise LaunchError(f"could not install the filter: {exc}") from None
+    try:
+        return trio.run(_supervise, socket_path, share, pid, listener, channel, argv)
     except BaseException:
         _reap(pid, kill=True)
         raise
     finally:
-        if listener >= 0:
-            os.close(listener)
-        parent_end.close()
+        os.close(listener)
+        channel.close()
 
 
 def _reap(pid: int, *, kill: bool) -> None:
@@ -167,8 +115,7 @@ class Registration:
             await sock.connect(self.socket_path)
             hello = native.encode(native.Hello(self.pid, self.share,
                                                f"fhmon-launch/{os.getpid()}"))
-            await sock.sendmsg([hello], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                          array.array("i", [self.listener]))])
+            await sock.sendmsg([hello], fdpass.rights([self.listener]))
             decoder = native.FrameDecoder()
             while (message := decoder.next_message()) is None:
                 data = await sock.recv(65536)
@@ -274,7 +221,7 @@ async def _supervise(socket_path: str, share: str, pid: int, listener: int,
                           f"({errno.errorcode.get(answer.errno, answer.errno)})")
     if not isinstance(answer, native.Accept):
         raise LaunchError(f"fhmon answered {type(answer).__name__}, not ACCEPT")
-    channel.sendall(_GO)
+    seccomp_filter.go(channel)
     pidfd = os.pidfd_open(pid)
     try:
         async with trio.open_nursery() as nursery:

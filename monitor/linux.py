@@ -34,16 +34,13 @@ _setfsuid = _proto("setfsuid", _c_int, _c_uint)
 _setfsgid = _proto("setfsgid", _c_int, _c_uint)
 
 SYS_SETGROUPS: Final = 116
-SYS_SETFSUID: Final = 122
-SYS_SETFSGID: Final = 123
 SYS_CAPGET: Final = 125
 SYS_CAPSET: Final = 126
 SYS_NAME_TO_HANDLE_AT: Final = 303
 SYS_OPEN_BY_HANDLE_AT: Final = 304
-SYS_PROCESS_VM_READV: Final = 310
-SYS_PROCESS_VM_WRITEV: Final = 311
 SYS_KCMP: Final = 312
 SYS_STATX: Final = 332
+SYS_PIDFD_SEND_SIGNAL: Final = 424
 SYS_PIDFD_OPEN: Final = 434
 SYS_OPENAT2: Final = 437
 SYS_PIDFD_GETFD: Final = 438
@@ -81,9 +78,6 @@ def pidfd_open(pid: int, flags: int = 0) -> int:
     return _check(_syscall(SYS_PIDFD_OPEN, ctypes.c_int(pid), ctypes.c_uint(flags)))
 
 
-SYS_PIDFD_SEND_SIGNAL: Final = 424
-
-
 def pidfd_alive(pidfd: int) -> bool:
     """Signal 0 through the pidfd: does its task (thread, for PIDFD_THREAD) still live?"""
     return int(_syscall(SYS_PIDFD_SEND_SIGNAL, ctypes.c_int(pidfd), ctypes.c_int(0), None,
@@ -93,20 +87,6 @@ def pidfd_alive(pidfd: int) -> bool:
 def pidfd_getfd(pidfd: int, targetfd: int) -> int:
     return _check(_syscall(SYS_PIDFD_GETFD, ctypes.c_int(pidfd), ctypes.c_int(targetfd),
                            ctypes.c_uint(0)))
-
-
-def process_vm_read_one(pid: int, addr: int, length: int) -> bytes:
-    """Read one range that does not cross a page boundary (all of it, or nothing)."""
-    buf = ctypes.create_string_buffer(length)
-    local = _IoVec(ctypes.addressof(buf), length)
-    remote = _IoVec(addr, length)
-    got = _pvm_readv(pid, ctypes.addressof(local), 1, ctypes.addressof(remote), 1, 0)
-    if got < 0:
-        err = ctypes.get_errno()
-        if err == 14:
-            return b""
-        raise OSError(err, os.strerror(err))
-    return buf.raw[:got]
 
 
 def process_vm_read(pid: int, ranges: list[tuple[int, int]]) -> bytes:
@@ -119,8 +99,7 @@ def process_vm_read(pid: int, ranges: list[tuple[int, int]]) -> bytes:
     buf = ctypes.create_string_buffer(total)
     local = _IoVec(ctypes.cast(buf, ctypes.c_void_p), total)
     remote = (_IoVec * len(ranges))(*(_IoVec(addr, length) for addr, length in ranges))
-    got = _syscall(SYS_PROCESS_VM_READV, ctypes.c_int(pid), ctypes.byref(local),
-                   ctypes.c_ulong(1), remote, ctypes.c_ulong(len(ranges)), ctypes.c_ulong(0))
+    got = _pvm_readv(pid, ctypes.addressof(local), 1, ctypes.addressof(remote), len(ranges), 0)
     if got < 0:
         err = ctypes.get_errno()
         if err == 14:  # EFAULT on the first iovec: nothing readable

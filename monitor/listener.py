@@ -26,14 +26,18 @@ _FULL_SET = ctypes.create_string_buffer(b"\xff" * 128, 128)  # sigset_t: 1024 bi
 _SAVED = threading.local()  # each answering thread saves its own mask
 
 
+# RECV through libc: a signal makes it return EINTR instead of being retried (fcntl.ioctl
+# retries), which is how a thread asleep in it is woken to stop.
+_ioctl = _libc.ioctl
+_ioctl.restype = ctypes.c_int
+_ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
+
+
 def _saved_set() -> ctypes.Array[ctypes.c_char]:
     saved = getattr(_SAVED, "set", None)
     if saved is None:
         saved = _SAVED.set = ctypes.create_string_buffer(128)
     return saved
-_ioctl = _libc.ioctl
-_ioctl.restype = ctypes.c_int
-_ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
 
 
 class NotificationGone(Exception):
@@ -63,13 +67,13 @@ class Listener:
     def pending(self) -> bool:
         return any(ev & select.POLLIN for _, ev in self._poller.poll(0))
 
-    def receive_blocking(self) -> kernel.Notification | None:
-        """RECV that sleeps in the kernel until a call arrives (a worker thread's loop).
+    def receive(self) -> kernel.Notification | None:
+        """RECV: the next call, or None if it went away first (the caller died) or a signal
+        interrupted the wait.
 
-        A thread asleep here gets the kernel's same-CPU wake-up hint (SYNC_WAKE_UP), which
-        an epoll wait does not. Returns None when interrupted by a signal (how the service
-        wakes the thread to stop), and never blocks the caller's other threads: ctypes
-        releases the GIL for the call.
+        It sleeps in the kernel until a call arrives: the trio loop calls it only once the
+        fd is readable; a recv_thread worker sleeps here, which gets the kernel's same-CPU
+        wake-up hint (SYNC_WAKE_UP) that an epoll wait loses. ctypes releases the GIL.
         """
         buf = ctypes.create_string_buffer(kernel.SECCOMP_NOTIF_SIZE)
         if _ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_RECV, buf) < 0:
@@ -78,11 +82,6 @@ class Listener:
                 return None
             raise OSError(err, os.strerror(err))
         return kernel.Notification.parse(buf.raw)
-
-    def receive(self) -> kernel.Notification:
-        buf = bytearray(kernel.SECCOMP_NOTIF_SIZE)
-        fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_RECV, buf, True)
-        return kernel.Notification.parse(buf)
 
     def id_valid(self, notif_id: int) -> bool:
         try:

@@ -50,7 +50,6 @@ def metrics_middleware(stats: CallStats, observers: list[ObserveFn] | None = Non
                 return handler(ctx)
             except SyscallError as exc:
                 failure = exc
-                ctx.note = ctx.note or exc.reason
                 raise
             finally:
                 elapsed = time.perf_counter() - start
@@ -72,7 +71,6 @@ def audit_middleware(stats: CallStats) -> Middleware:
             try:
                 outcome = handler(ctx)
             except SyscallError as exc:
-                ctx.note = ctx.note or exc.reason
                 if exc.errno in _POLICY_ERRNOS and ctx.note:
                     with stats.lock:
                         stats.refusals[ctx.note] += 1

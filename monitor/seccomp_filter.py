@@ -8,11 +8,16 @@ return value, without reaching into libseccomp's private state.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
+import signal
+import socket
 
 import pyseccomp
+
+from monitor import fdpass
 
 SYS_SECCOMP = 317
 SECCOMP_SET_MODE_FILTER = 1
@@ -60,3 +65,64 @@ def install(program: bytes) -> int:
     return int(fd)
 
 
+
+
+class FilterSetupError(Exception):
+    """The child could not drop to its user or install the filter; the text says why."""
+
+
+_LISTENER, _ERROR, _GO = b"L", b"E", b"G"
+
+
+def fork_under_filter(user: tuple[int, int] | None = None, argv: list[str] | None = None,
+                      timeout: float | None = 30.0) -> tuple[int, int, socket.socket]:
+    """Fork a child that drops to `user` (uid, gid), installs the handle filter and hands
+    its listener back; returns (pid, listener, channel). The child keeps no copy of the
+    listener (a target holding its own could answer its own calls). It then waits on the
+    channel: `go(channel)` makes it exec argv (when given); closing the channel ends it.
+    """
+    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # never returns
+        parent_end.close()
+        try:
+            program = build_program()
+            if user is not None:
+                os.setgroups([])
+                os.setgid(user[1])
+                os.setuid(user[0])
+            listener = install(program)
+            fdpass.send_fd(child_end, _LISTENER, listener)
+            os.close(listener)
+            if child_end.recv(1) != _GO or argv is None:
+                os._exit(126 if argv else 0)  # the parent gave up, or nothing to run
+            child_end.close()
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+                signal.signal(sig, signal.SIG_DFL)
+            os.execvp(argv[0], argv)
+        except BaseException as exc:  # report to the parent, then die without cleanup
+            with contextlib.suppress(OSError):
+                name = argv[0] if argv else "child"
+                child_end.sendall(_ERROR + f"{name}: {exc}".encode(errors="replace"))
+            os._exit(127)
+    child_end.close()
+    try:
+        parent_end.settimeout(timeout)
+        data, fds, _ = fdpass.recv_fds(parent_end, 4096, 4)
+        parent_end.settimeout(None)
+        if data[:1] != _LISTENER or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise FilterSetupError(data[1:].decode(errors="replace") or "the child exited")
+    except BaseException:
+        parent_end.close()
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        raise
+    return pid, fds[0], parent_end
+
+
+def go(channel: socket.socket) -> None:
+    """Let a fork_under_filter child exec its command."""
+    channel.sendall(_GO)

@@ -7,7 +7,6 @@ and the finally blocks close every fd.
 
 from __future__ import annotations
 
-import array
 import contextlib
 import errno
 import itertools
@@ -26,15 +25,16 @@ from typing import Any
 
 import trio
 
-from monitor import log
+from monitor import fdpass, log
 from monitor.config import Config
 from monitor.credentials import acting_as
 from monitor.handlers.base import CallContext
-from monitor.handlers.registry import Dispatcher
+from monitor.handlers.registry import Dispatcher, syscall_name
 from monitor.linux import kcmp_same_file
 from monitor.listener import Listener, is_seccomp_listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
 from monitor.policy import RegistrationRefused, Share, pin_share
+from monitor.prom import Metrics
 from monitor.signing import KeyDirError, KeyRing
 from monitor.target import Credentials, TargetThread, ThreadCache, read_status
 from protocol import keeper as keeper_wire
@@ -81,8 +81,6 @@ class Service:
         self.targets: dict[int, Target] = {}
         self._ids = itertools.count(1)
         self._connections = 0
-        from monitor.prom import Metrics
-
         self.metrics = Metrics(self)
         self.dispatcher = Dispatcher([metrics_middleware(self.stats, [self.metrics.observe]),
                                       audit_middleware(self.stats)])
@@ -450,8 +448,7 @@ class Service:
                 await sock.connect(self.config.keeper_socket)
                 frame = keeper_wire.encode({"op": "deposit",
                                             "target": self._keeper_record(target)})
-                await sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                              array.array("i", [target.listener.fd]))])
+                await sock.sendmsg([frame], fdpass.rights([target.listener.fd]))
                 log.event("deposited", target=target.target_id, keeper=self.config.keeper_socket)
         except OSError as exc:
             log.event("deposit_failed", logging.ERROR, target=target.target_id,
@@ -488,14 +485,13 @@ class Service:
                 log.event("keeper_unreachable", logging.WARNING, keeper=self.config.keeper_socket,
                           error=str(exc))
         for fd, record in entries:
-            pid = int(record.get("pid", 0))
+            pid, uid, gid = (int(record.get(key, 0)) for key in ("pid", "uid", "gid"))
             await restart_stuck_calls(pid)  # nobody answers them yet: a clean restart
-            creds = Credentials(int(record.get("uid", 0)), int(record.get("gid", 0)), (),
-                                -1 if int(record.get("uid", 0)) == 0 else 0)
+            # the client that registered it is gone: its recorded ids stand in for it
+            creds = Credentials(uid, gid, (), -1 if uid == 0 else 0)
             try:
                 target = self._register(fd, pid, str(record.get("share", "")),
-                                        PeerCred(0, int(record.get("uid", 0)),
-                                                 int(record.get("gid", 0))),
+                                        PeerCred(0, uid, gid),
                                         str(record.get("convention", "oci")), nursery,
                                         peer_credentials=creds)
                 restored += 1
@@ -517,19 +513,19 @@ class Service:
                     break
                 if not listener.pending():
                     continue
-                try:
-                    notif = listener.receive()
-                except OSError as exc:
-                    if exc.errno in (errno.ENOENT, errno.EINTR):
-                        continue  # the caller went away between poll and recv
-                    raise
-                self._answer(target, notif)
+                notif = listener.receive()
+                if notif is not None:  # None: the caller went away between poll and recv
+                    self._answer(target, notif)
         finally:
-            del self.targets[target.target_id]
-            target.threads.close()
-            listener.close()
-            target.share.close()
-            log.event("target_gone", target=target.target_id, pid=target.pid, calls=target.calls)
+            self._release(target)
+
+    def _release(self, target: Target) -> None:
+        """Forget a target whose filter has no task left (or that we stop serving)."""
+        del self.targets[target.target_id]
+        target.threads.close()
+        target.listener.close()
+        target.share.close()
+        log.event("target_gone", target=target.target_id, pid=target.pid, calls=target.calls)
 
     def _answer(self, target: Target, notif: kernel.Notification) -> None:
         target.calls += 1
@@ -550,7 +546,7 @@ class Service:
             return False  # gone
         if uid == target.peer.uid:
             return True
-        log.audit("call_refused", syscall=notif_name(thread.notif.nr), errno="EPERM",
+        log.audit("call_refused", syscall=syscall_name(thread.notif.nr), errno="EPERM",
                   reason=f"caller uid {uid} is not the registering client's uid "
                   f"{target.peer.uid}", tid=thread.tid, target=target.target_id)
         target.listener.respond(thread.notif.id, error=errno.EPERM)
@@ -568,7 +564,7 @@ class Service:
             signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - {_WAKE})
             while not stop.is_set():
                 try:
-                    notif = listener.receive_blocking()
+                    notif = listener.receive()
                 except OSError:
                     log.event("recv_failed", logging.ERROR, target=target.target_id,
                               exc_info=True)
@@ -588,11 +584,7 @@ class Service:
                 if worker.ident is not None:
                     signal.pthread_kill(worker.ident, _WAKE)
                 worker.join(0.05)
-            del self.targets[target.target_id]
-            target.threads.close()
-            listener.close()
-            target.share.close()
-            log.event("target_gone", target=target.target_id, pid=target.pid, calls=target.calls)
+            self._release(target)
 
     def status(self) -> dict[str, Any]:
         return {"targets": [t.describe() for t in self.targets.values()],
@@ -603,11 +595,6 @@ class Service:
 
 
 # --- small I/O helpers ------------------------------------------------------------------
-
-def notif_name(nr: int) -> str:
-    return {kernel.SYS_NAME_TO_HANDLE_AT: "name_to_handle_at",
-            kernel.SYS_OPEN_BY_HANDLE_AT: "open_by_handle_at"}.get(nr, str(nr))
-
 
 def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -622,13 +609,9 @@ def _peer_cred(conn: trio.socket.SocketType) -> PeerCred:
 
 
 async def _recv_with_fds(conn: trio.socket.SocketType, fds: list[int]) -> tuple[bytes, list[int]]:
-    data, ancdata, msg_flags, _ = await conn.recvmsg(
-        RECV_CHUNK, socket.CMSG_SPACE(MAX_FDS_PER_MESSAGE * 4))
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            arr = array.array("i")
-            arr.frombytes(payload[: len(payload) - len(payload) % 4])
-            fds.extend(arr)
+    data, ancdata, msg_flags, _ = await conn.recvmsg(RECV_CHUNK,
+                                                     fdpass.space(MAX_FDS_PER_MESSAGE))
+    fds.extend(fdpass.fds_from_ancdata(ancdata))
     if msg_flags & socket.MSG_CTRUNC:
         raise_refusal = f"more than {MAX_FDS_PER_MESSAGE} fds in one message"
         for fd in fds:
@@ -641,14 +624,10 @@ async def _recv_with_fds(conn: trio.socket.SocketType, fds: list[int]) -> tuple[
 
 
 async def _recv_plain(conn: trio.socket.SocketType) -> bytes:
-    data, ancdata, _, _ = await conn.recvmsg(RECV_CHUNK, socket.CMSG_SPACE(
-        MAX_FDS_PER_MESSAGE * 4))
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            arr = array.array("i")
-            arr.frombytes(payload[: len(payload) - len(payload) % 4])
-            for fd in arr:
-                _close_quietly(fd)
+    """Data only: any fds that came along are closed at once."""
+    data, fds = await _recv_with_fds(conn, [])
+    for fd in fds:
+        _close_quietly(fd)
     return bytes(data)
 
 

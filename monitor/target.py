@@ -217,10 +217,7 @@ class TargetThread:
         if addr == 0 or addr + length > 1 << 64:
             raise SyscallError(errno.EFAULT)
         try:
-            if (addr ^ (addr + length - 1)) < kernel.PAGE_SIZE:  # within one page
-                data = linux.process_vm_read_one(self.tid, addr, length)
-            else:
-                data = linux.process_vm_read(self.tid, kernel.split_page_ranges(addr, length))
+            data = linux.process_vm_read(self.tid, kernel.split_page_ranges(addr, length))
         except ProcessLookupError:
             raise NotificationGone(self.tid) from None
         if check:
@@ -261,10 +258,6 @@ class TargetThread:
         for addr, data in chunks:
             if addr == 0:
                 raise SyscallError(errno.EFAULT)
-            if (addr ^ (addr + len(data) - 1)) < kernel.PAGE_SIZE:  # within one page
-                if linux.process_vm_write(self.tid, addr, data) != len(data):
-                    raise SyscallError(errno.EFAULT)
-                continue
             for start, length in kernel.split_page_ranges(addr, len(data)):
                 offset = start - addr
                 got = linux.process_vm_write(self.tid, start, data[offset : offset + length])

@@ -31,26 +31,8 @@ class FilteredChild:
 
 def filtered_child(uid: int = 65534) -> FilteredChild:
     """A child (uid) under the handle filter that just sleeps; we hold its listener."""
-    parent, child = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            parent.close()
-            program = seccomp_filter.build_program()
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            fd = seccomp_filter.install(program)
-            child.sendmsg([b"L"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                    array.array("i", [fd]))])
-            os.close(fd)
-            child.recv(1)  # until the parent closes or kills us
-        finally:
-            os._exit(0)
-    child.close()
-    _, ancdata, _, _ = parent.recvmsg(16, socket.CMSG_SPACE(4))
-    fd = array.array("i", ancdata[0][2][:4])[0]
-    parent.detach()  # keep the child's socket end alive: it waits on it
+    pid, fd, channel = seccomp_filter.fork_under_filter((uid, uid))
+    channel.detach()  # keep the child's socket end alive: it waits on it
     return FilteredChild(pid, fd)
 
 

@@ -10,35 +10,18 @@ of the listener, lets the process exec CMD and waits for it like a shim.
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import socket
 import sys
 
-from monitor import seccomp_filter
+from monitor import fdpass, seccomp_filter
 
 
 def main() -> int:
     style, sock_path, share = sys.argv[1:4]
     argv = sys.argv[sys.argv.index("--") + 1 :]
-    parent, child = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:
-        parent.close()
-        program = seccomp_filter.build_program()
-        os.setgroups([])
-        os.setgid(65534)
-        os.setuid(65534)
-        fd = seccomp_filter.install(program)
-        child.sendmsg([b"L"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
-        os.close(fd)
-        if child.recv(1) != b"G":
-            os._exit(126)
-        os.execvp(argv[0], argv)
-    child.close()
-    _, ancdata, _, _ = parent.recvmsg(16, socket.CMSG_SPACE(4))
-    listener = array.array("i", ancdata[0][2][:4])[0]
+    pid, listener, channel = seccomp_filter.fork_under_filter((65534, 65534), argv)
     state = {"ociVersion": "0.2.0" if style == "crun" else "1.0.2", "fds": ["seccompFd"],
              "pid": pid, "metadata": f"share={share};owner=test",
              "state": {"ociVersion": "1.0.2", "id": f"{style}-container", "status": "creating",
@@ -47,12 +30,11 @@ def main() -> int:
                                                                           separators=(",", ":"))
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(sock_path)
-    conn.sendmsg([text.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                    array.array("i", [listener]))])
+    conn.sendmsg([text.encode()], fdpass.rights([listener]))
     os.close(listener)  # like runc: from now on only fhmon holds the listener
     if style == "runc":
         conn.close()
-    parent.sendall(b"G")
+    seccomp_filter.go(channel)
     _, status = os.waitpid(pid, 0)
     conn.close()
     return os.waitstatus_to_exitcode(status)

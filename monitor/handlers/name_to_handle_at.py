@@ -117,11 +117,9 @@ def name_to_handle_at(ctx: CallContext) -> Return:
     finally:
         os.close(obj)
     if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-        ctx.note = "no handles for this file type"
-        raise SyscallError(errno.EOPNOTSUPP, ctx.note)
+        raise SyscallError(errno.EOPNOTSUPP, "no handles for this file type")
     if len(kernel_bytes) > signed_handle.MAX_KERNEL_HANDLE_SIZE:
-        ctx.note = "kernel handle too large for the MAC trailer"
-        raise SyscallError(errno.EOPNOTSUPP, ctx.note)
+        raise SyscallError(errno.EOPNOTSUPP, "kernel handle too large for the MAC trailer")
 
     # write() validates before anything reaches the target
     header = kernel.FileHandleHeader.parse(ctx.thread.read_exact(handle_ptr, 8, check=False))

@@ -25,6 +25,7 @@ import stat
 from monitor import linux
 from monitor.credentials import acting_as
 from monitor.handlers.base import CallContext, Injected
+from monitor.listener import NotificationGone
 from monitor.policy import check_opened
 from monitor.target import SyscallError
 from protocol import kernel
@@ -40,13 +41,12 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
     handle_ptr = kernel.arg_ptr(args[1])
     flags = kernel.arg_int(args[2])
 
-    # One ID_VALID after both reads: the header only steers the size checks before it.
+    # One ID_VALID after both reads: the header only steers the size checks before it (an
+    # errno answer goes by notification id, which the kernel checks itself).
     header = kernel.FileHandleHeader.parse(ctx.thread.read_exact(handle_ptr, 8, check=False))
     if header.handle_bytes == 0 or header.handle_bytes > kernel.MAX_HANDLE_SZ:
-        ctx.thread.listener.ensure_valid(ctx.notif.id)
         raise SyscallError(errno.EINVAL)
     if not kernel.handle_type_is_valid(header.handle_type):
-        ctx.thread.listener.ensure_valid(ctx.notif.id)
         raise SyscallError(errno.EINVAL)
     f_handle = ctx.thread.read_exact(handle_ptr + 8, header.handle_bytes)
     mount_dev = _mount_fd_device(ctx, mount_fd)
@@ -54,13 +54,11 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
     if ctx.signing:
         kernel_bytes = ctx.keys.verify(ctx.share.share_id, header.handle_type, f_handle)
         if kernel_bytes is None:
-            ctx.note = "bad or foreign MAC"
-            raise SyscallError(errno.ESTALE, ctx.note)
+            raise SyscallError(errno.ESTALE, "bad or foreign MAC")
     else:
         kernel_bytes = f_handle
     if mount_dev != ctx.share.dev:
-        ctx.note = "mount_fd on another filesystem"
-        raise SyscallError(errno.ESTALE, ctx.note)
+        raise SyscallError(errno.ESTALE, "mount_fd on another filesystem")
     try:
         obj = linux.open_by_handle_at(ctx.share.dir_fd, header.handle_type, kernel_bytes,
                                       os.O_PATH | os.O_CLOEXEC)
@@ -70,8 +68,7 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
         mode = os.fstat(obj).st_mode
         is_dir = stat.S_ISDIR(mode)
         if not (is_dir or stat.S_ISREG(mode)):
-            ctx.note = "fhmon opens only directories and regular files"
-            raise SyscallError(errno.EACCES, ctx.note)
+            raise SyscallError(errno.EACCES, "fhmon opens only directories and regular files")
         check_opened(ctx.share, obj, is_dir)
         opened = _reopen_as_target(ctx, obj, flags, is_dir)
     finally:
@@ -82,7 +79,6 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
                 ctx.notif.id, opened, cloexec=bool(flags & kernel.O_CLOEXEC))
         except OSError as exc:
             if exc.errno == errno.ENOENT:
-                from monitor.listener import NotificationGone
                 raise NotificationGone(ctx.notif.id) from None
             raise SyscallError(exc.errno or errno.EIO) from None  # e.g. EMFILE in the target
     finally:
