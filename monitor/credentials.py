@@ -47,7 +47,8 @@ class acting_as:
         base = _base()
         creds = self._creds
         try:
-            linux.setgroups_thread(creds.groups)
+            if creds.groups != base.groups:
+                linux.setgroups_thread(creds.groups)
             linux.setfsgid(creds.fsgid)
             linux.setfsuid(creds.fsuid)
             linux.capset_thread(creds.cap_effective & base.permitted, base.permitted,
@@ -61,6 +62,7 @@ class acting_as:
         linux.capset_thread(base.permitted, base.permitted, base.inheritable)
         linux.setfsuid(base.fsuid)
         linux.setfsgid(base.fsgid)
-        linux.setgroups_thread(base.groups)
+        if self._creds.groups != base.groups:
+            linux.setgroups_thread(base.groups)
         if base.effective != base.permitted:
             linux.capset_thread(base.effective, base.permitted, base.inheritable)

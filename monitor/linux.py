@@ -7,37 +7,47 @@ kernel's own errno back to a target.
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import os
 import struct
-from typing import Any, Final
+import threading
+from collections.abc import Sequence
+from typing import Final
 
-_libc = ctypes.CDLL(None, use_errno=True)
+from protocol.kernel import PAGE_SIZE, split_page_ranges
+
+# Why not ctypes.CDLL(use_errno=True) with c_int-wrapped arguments: on this class of machine
+# that costs ~2 us a call, of which the syscall itself is ~0.2 us (measured: plain ints and no
+# errno swapping ~0.85 us; the two ctypes features cost the rest). fhmon makes about ten of
+# these per emulated call, so:
+# - PyDLL: the GIL stays held (no release/re-acquire); only for syscalls that do not wait on
+#   another process. A call that may wait (RECV, ADDFD) goes through fcntl.ioctl instead;
+# - no use_errno: on failure errno is read from glibc's thread-local errno right away; nothing
+#   runs in between on this OS thread that could change it (the GIL is never released);
+# - plain Python ints and bytes as arguments, into per-thread scratch buffers. A plain int
+#   travels as a C int: a sixth syscall argument goes on the stack, where the upper half of
+#   its 8-byte slot is not cleared, so an argument that must be 0 there is passed as None.
+_libc = ctypes.PyDLL(None)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
+_errno_location = _libc.__errno_location
+_errno_location.restype = ctypes.c_void_p
 
 
-def _proto(name: str, restype: type, *argtypes: type) -> Any:
-    """A libc function with fixed argument types: no per-call argument conversion objects."""
-    fn = getattr(_libc, name)
-    fn.restype = restype
-    fn.argtypes = argtypes
-    return fn
+def _errno() -> int:
+    return ctypes.c_int.from_address(_errno_location()).value
 
-
-_c_void_p, _c_int, _c_uint, _c_ulong = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_ulong
-_pvm_readv = _proto("process_vm_readv", ctypes.c_ssize_t, _c_int, _c_void_p, _c_ulong, _c_void_p,
-                    _c_ulong, _c_ulong)
-_pvm_writev = _proto("process_vm_writev", ctypes.c_ssize_t, _c_int, _c_void_p, _c_ulong,
-                     _c_void_p, _c_ulong, _c_ulong)
-_setfsuid = _proto("setfsuid", _c_int, _c_uint)
-_setfsgid = _proto("setfsgid", _c_int, _c_uint)
 
 SYS_SETGROUPS: Final = 116
+SYS_SETFSUID: Final = 122
+SYS_SETFSGID: Final = 123
 SYS_CAPGET: Final = 125
 SYS_CAPSET: Final = 126
 SYS_NAME_TO_HANDLE_AT: Final = 303
 SYS_OPEN_BY_HANDLE_AT: Final = 304
+SYS_PROCESS_VM_READV: Final = 310
+SYS_PROCESS_VM_WRITEV: Final = 311
 SYS_KCMP: Final = 312
 SYS_STATX: Final = 332
 SYS_PIDFD_SEND_SIGNAL: Final = 424
@@ -52,6 +62,8 @@ RESOLVE_NO_MAGICLINKS: Final = 0x02
 RESOLVE_NO_SYMLINKS: Final = 0x04
 RESOLVE_BENEATH: Final = 0x08
 RESOLVE_IN_ROOT: Final = 0x10
+STATX_TYPE: Final = 0x1
+STATX_MODE: Final = 0x2
 STATX_MNT_ID: Final = 0x1000
 STATX_MNT_ID_UNIQUE: Final = 0x4000
 AT_EMPTY_PATH: Final = 0x1000
@@ -60,65 +72,99 @@ _LINUX_CAPABILITY_VERSION_3: Final = 0x20080522
 
 def _check(result: int) -> int:
     if result < 0:
-        err = ctypes.get_errno()
+        err = _errno()
         raise OSError(err, os.strerror(err))
     return result
 
 
-class _IoVec(ctypes.Structure):
-    _fields_ = (("base", ctypes.c_void_p), ("len", ctypes.c_size_t))
+class _Scratch(threading.local):
+    """Per-thread buffers reused by every call (the trio thread and any RECV worker)."""
+
+    def __init__(self) -> None:
+        self.iov = ctypes.create_string_buffer(16 * _MAX_IOV)  # struct iovec[_MAX_IOV]
+        self.iov_addr = ctypes.addressof(self.iov)
+        self.local_iov = ctypes.create_string_buffer(16)
+        self.local_iov_addr = ctypes.addressof(self.local_iov)
+        self.data = ctypes.create_string_buffer(_DATA_SIZE)
+        self.data_addr = ctypes.addressof(self.data)
+        self.handle = ctypes.create_string_buffer(8 + 128)
+        self.mnt = ctypes.create_string_buffer(8)
+        self.statx = ctypes.create_string_buffer(256)
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64))
+_MAX_IOV: Final = 8
+_DATA_SIZE: Final = 2 * PAGE_SIZE  # a PATH_MAX read, with room to spare
+_scratch = _Scratch()
+_IOV = struct.Struct("<QQ")
+_HANDLE_HEADER = struct.Struct("<Ii")
 
 
 def pidfd_open(pid: int, flags: int = 0) -> int:
-    return _check(_syscall(SYS_PIDFD_OPEN, ctypes.c_int(pid), ctypes.c_uint(flags)))
+    return _check(_syscall(SYS_PIDFD_OPEN, pid, flags))
 
 
 def pidfd_alive(pidfd: int) -> bool:
     """Signal 0 through the pidfd: does its task (thread, for PIDFD_THREAD) still live?"""
-    return int(_syscall(SYS_PIDFD_SEND_SIGNAL, ctypes.c_int(pidfd), ctypes.c_int(0), None,
-                        ctypes.c_uint(0))) == 0
+    return int(_syscall(SYS_PIDFD_SEND_SIGNAL, pidfd, 0, None, 0)) == 0
 
 
 def pidfd_getfd(pidfd: int, targetfd: int) -> int:
-    return _check(_syscall(SYS_PIDFD_GETFD, ctypes.c_int(pidfd), ctypes.c_int(targetfd),
-                           ctypes.c_uint(0)))
+    return _check(_syscall(SYS_PIDFD_GETFD, pidfd, targetfd, 0))
 
 
-def process_vm_read(pid: int, ranges: list[tuple[int, int]]) -> bytes:
-    """Read remote ranges (one iovec each) into one buffer; a short result means a fault.
-
-    process_vm_readv never splits an iovec, so callers pass page-sized ranges to learn
-    exactly how far the readable memory goes.
-    """
-    total = sum(length for _, length in ranges)
-    buf = ctypes.create_string_buffer(total)
-    local = _IoVec(ctypes.cast(buf, ctypes.c_void_p), total)
-    remote = (_IoVec * len(ranges))(*(_IoVec(addr, length) for addr, length in ranges))
-    got = _pvm_readv(pid, ctypes.addressof(local), 1, ctypes.addressof(remote), len(ranges), 0)
+def process_vm_read(pid: int, addr: int, length: int) -> bytes:
+    """Read [addr, addr+length) of a process: the readable prefix, page-exact (a fault at the
+    first page gives b"")."""
+    ranges = split_page_ranges(addr, length)
+    if len(ranges) > _MAX_IOV or length > _DATA_SIZE:
+        return _process_vm_read_large(pid, ranges, length)
+    scratch = _scratch
+    iov = scratch.iov
+    for i, (start, size) in enumerate(ranges):
+        _IOV.pack_into(iov, 16 * i, start, size)
+    _IOV.pack_into(scratch.local_iov, 0, scratch.data_addr, length)
+    got = _syscall(SYS_PROCESS_VM_READV, pid, ctypes.c_void_p(scratch.local_iov_addr), 1,
+                   ctypes.c_void_p(scratch.iov_addr), len(ranges), None)
     if got < 0:
-        err = ctypes.get_errno()
-        if err == 14:  # EFAULT on the first iovec: nothing readable
+        err = _errno()
+        if err == errno.EFAULT:  # on the first iovec: nothing readable
+            return b""
+        raise OSError(err, os.strerror(err))
+    return ctypes.string_at(scratch.data_addr, got)
+
+
+def _process_vm_read_large(pid: int, ranges: list[tuple[int, int]], length: int) -> bytes:
+    buf = ctypes.create_string_buffer(length)
+    iov = ctypes.create_string_buffer(16 * len(ranges))
+    for i, (start, size) in enumerate(ranges):
+        _IOV.pack_into(iov, 16 * i, start, size)
+    local = _IOV.pack(ctypes.addressof(buf), length)
+    got = _syscall(SYS_PROCESS_VM_READV, pid, local, 1, iov, len(ranges), None)
+    if got < 0:
+        err = _errno()
+        if err == errno.EFAULT:
             return b""
         raise OSError(err, os.strerror(err))
     return buf.raw[:got]
 
 
-def process_vm_write(pid: int, addr: int, data: bytes) -> int:
-    """Write data at addr in the target; returns bytes written (short on a fault)."""
-    if not data:
+def process_vm_write(pid: int, chunks: Sequence[tuple[int, bytes]]) -> int:
+    """Write each (addr, data) in order in one call; returns the bytes written, which stop
+    (page-exact) at the first page that cannot be written."""
+    payload = b"".join(data for _, data in chunks)
+    if not payload:
         return 0
-    buf = ctypes.create_string_buffer(data, len(data))
-    local = _IoVec(ctypes.addressof(buf), len(data))
-    remote = _IoVec(addr, len(data))
-    got = _pvm_writev(pid, ctypes.addressof(local), 1, ctypes.addressof(remote), 1, 0)
+    ranges = [r for addr, data in chunks for r in split_page_ranges(addr, len(data))]
+    big = len(ranges) > _MAX_IOV
+    iov = ctypes.create_string_buffer(16 * len(ranges)) if big else _scratch.iov
+    for i, (start, size) in enumerate(ranges):
+        _IOV.pack_into(iov, 16 * i, start, size)
+    local = ctypes.create_string_buffer(payload, len(payload))
+    local_iov = _IOV.pack(ctypes.addressof(local), len(payload))
+    got = _syscall(SYS_PROCESS_VM_WRITEV, pid, local_iov, 1, iov, len(ranges), None)
     if got < 0:
-        err = ctypes.get_errno()
-        if err == 14:
+        err = _errno()
+        if err == errno.EFAULT:
             return 0
         raise OSError(err, os.strerror(err))
     return int(got)
@@ -127,44 +173,53 @@ def process_vm_write(pid: int, addr: int, data: bytes) -> int:
 def name_to_handle_at(dirfd: int, path: bytes, flags: int,
                       capacity: int = 128) -> tuple[int, bytes, int]:
     """The kernel's own call: (handle_type, f_handle bytes, mount id)."""
-    buf = ctypes.create_string_buffer(8 + capacity)
-    struct.pack_into("<Ii", buf, 0, capacity, 0)
-    mnt = ctypes.c_uint64(0)
-    _check(_syscall(SYS_NAME_TO_HANDLE_AT, ctypes.c_int(dirfd), ctypes.c_char_p(path), buf,
-                    ctypes.byref(mnt), ctypes.c_int(flags)))
-    hb, ht = struct.unpack_from("<Ii", buf, 0)
-    return ht, buf.raw[8 : 8 + hb], mnt.value
+    scratch = _scratch
+    buf = scratch.handle if capacity <= 128 else ctypes.create_string_buffer(8 + capacity)
+    _HANDLE_HEADER.pack_into(buf, 0, capacity, 0)
+    _check(_syscall(SYS_NAME_TO_HANDLE_AT, dirfd, path, buf, scratch.mnt, flags))
+    hb, ht = _HANDLE_HEADER.unpack_from(buf, 0)
+    (mnt,) = _U64.unpack_from(scratch.mnt, 0)
+    if not flags & AT_HANDLE_MNT_ID_UNIQUE:
+        mnt &= 0xFFFFFFFF  # the kernel wrote an int: the upper half is stale
+    return ht, buf.raw[8 : 8 + hb], mnt
 
 
 def open_by_handle_at(mount_fd: int, handle_type: int, f_handle: bytes, flags: int) -> int:
-    raw = struct.pack("<Ii", len(f_handle), handle_type) + f_handle
-    buf = ctypes.create_string_buffer(raw, len(raw))
-    return _check(_syscall(SYS_OPEN_BY_HANDLE_AT, ctypes.c_int(mount_fd), buf,
-                           ctypes.c_int(flags)))
+    raw = _HANDLE_HEADER.pack(len(f_handle), handle_type) + f_handle
+    return _check(_syscall(SYS_OPEN_BY_HANDLE_AT, mount_fd, raw, flags))
 
 
 def openat2(dirfd: int, path: bytes, flags: int, resolve: int, mode: int = 0) -> int:
-    how = _OpenHow(flags & 0xFFFFFFFFFFFFFFFF, mode, resolve)
-    return _check(_syscall(SYS_OPENAT2, ctypes.c_int(dirfd), ctypes.c_char_p(path),
-                           ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how))))
+    how = _OPEN_HOW.pack(flags & 0xFFFFFFFFFFFFFFFF, mode, resolve)
+    return _check(_syscall(SYS_OPENAT2, dirfd, path, how, _OPEN_HOW.size))
 
 
 def mount_id(fd: int) -> int:
     """The unique (never reused) mount id of an fd's mount, from statx."""
-    buf = ctypes.create_string_buffer(256)
-    _check(_syscall(SYS_STATX, ctypes.c_int(fd), ctypes.c_char_p(b""),
-                    ctypes.c_int(AT_EMPTY_PATH), ctypes.c_uint(STATX_MNT_ID_UNIQUE), buf))
-    (mask,) = struct.unpack_from("<I", buf, 0)
+    return statx_mode_mount(fd)[1]
+
+
+def statx_mode_mount(fd: int) -> tuple[int, int]:
+    """(st_mode, unique mount id) of an fd in one statx."""
+    buf = _scratch.statx
+    _check(_syscall(SYS_STATX, fd, b"", AT_EMPTY_PATH,
+                    STATX_TYPE | STATX_MODE | STATX_MNT_ID_UNIQUE, buf))
+    mask, mode, mnt = _STATX_FIELDS.unpack_from(buf, 0)
     if not mask & (STATX_MNT_ID_UNIQUE | STATX_MNT_ID):
-        raise OSError(95, "statx reports no mount id")
-    (mnt,) = struct.unpack_from("<Q", buf, 144)
-    return int(mnt)
+        raise OSError(errno.EOPNOTSUPP, "statx reports no mount id")
+    return mode, mnt
+
+
+# struct statx: stx_mask u32 @0, stx_mode u16 @28, stx_mnt_id u64 @144
+_STATX_FIELDS = struct.Struct("<I24xH114xQ")
+_OPEN_HOW = struct.Struct("<QQQ")
+_U64 = struct.Struct("<Q")
+AT_HANDLE_MNT_ID_UNIQUE: Final = 0x001
 
 
 def kcmp_same_file(fd1: int, fd2: int) -> bool:
     pid = os.getpid()
-    return _check(_syscall(SYS_KCMP, ctypes.c_int(pid), ctypes.c_int(pid), ctypes.c_int(KCMP_FILE),
-                           ctypes.c_ulong(fd1), ctypes.c_ulong(fd2))) == 0
+    return _check(_syscall(SYS_KCMP, pid, pid, KCMP_FILE, fd1, fd2)) == 0
 
 
 # --- per-thread credentials -------------------------------------------------------------
@@ -172,11 +227,12 @@ def kcmp_same_file(fd1: int, fd2: int) -> bool:
 # syscalls change only the calling thread, which is what a temporary switch needs.
 
 def setfsuid(uid: int) -> int:
-    return int(_setfsuid(uid))  # glibc's setfsuid is a plain per-thread syscall
+    """Per-thread by nature (glibc's wrapper is the bare syscall too); returns the old fsuid."""
+    return int(_syscall(SYS_SETFSUID, uid))
 
 
 def setfsgid(gid: int) -> int:
-    return int(_setfsgid(gid))
+    return int(_syscall(SYS_SETFSGID, gid))
 
 
 @functools.lru_cache(maxsize=256)
@@ -185,7 +241,7 @@ def _groups_array(groups: tuple[int, ...]) -> ctypes.Array[ctypes.c_uint]:
 
 
 def setgroups_thread(groups: tuple[int, ...]) -> None:
-    _check(_syscall(SYS_SETGROUPS, ctypes.c_int(len(groups)), _groups_array(groups)))
+    _check(_syscall(SYS_SETGROUPS, len(groups), _groups_array(groups)))
 
 
 class _CapHeader(ctypes.Structure):

@@ -17,9 +17,10 @@ from protocol import kernel
 
 _libc = ctypes.CDLL(None, use_errno=True)
 # pthread_sigmask through libc with prebuilt sets: signal.pthread_sigmask converts whole
-# sets to enums and costs ~30 us a call, on every fd injection.
+# sets to enums and costs ~30 us a call, on every fd injection. PyDLL: it never blocks and
+# returns its error, so neither the GIL hand-off nor errno swapping is needed.
 _SIG_BLOCK, _SIG_SETMASK = 0, 2
-_sigmask = _libc.pthread_sigmask
+_sigmask = ctypes.PyDLL(None).pthread_sigmask
 _sigmask.restype = ctypes.c_int
 _sigmask.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _FULL_SET = ctypes.create_string_buffer(b"\xff" * 128, 128)  # sigset_t: 1024 bits
@@ -59,13 +60,30 @@ class Listener:
 
     def hung_up(self) -> bool:
         """POLLHUP: no task uses the filter any more (RECV would block forever)."""
-        for _, events in self._poller.poll(0):
-            if events & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                return True
-        return False
+        return self.poll() is None
 
     def pending(self) -> bool:
-        return any(ev & select.POLLIN for _, ev in self._poller.poll(0))
+        return bool(self.poll())
+
+    def poll(self) -> bool | None:
+        """One poll: None once hung up, else whether a call waits (RECV will not block)."""
+        for _, events in self._poller.poll(0):
+            if events & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                return None
+            return bool(events & select.POLLIN)
+        return False
+
+    def receive_ready(self) -> kernel.Notification | None:
+        """RECV when poll said a call waits: through fcntl.ioctl, cheaper than ctypes. None
+        if the caller went away in between (ENOENT)."""
+        buf = bytearray(kernel.SECCOMP_NOTIF_SIZE)
+        try:
+            fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_RECV, buf, True)
+        except OSError as exc:
+            if exc.errno in (errno.EINTR, errno.ENOENT):
+                return None
+            raise
+        return kernel.Notification.parse(buf)
 
     def receive(self) -> kernel.Notification | None:
         """RECV: the next call, or None if it went away first (the caller died) or a signal

@@ -159,13 +159,14 @@ def _same_dir(path: str, st: os.stat_result) -> bool:
 
 # --- inside-the-share checks --------------------------------------------------------------
 
-def check_resolved(share: Share, obj_fd: int) -> None:
-    """For name_to_handle_at: the looked-up object must be inside the share.
+def check_resolved(share: Share, obj_fd: int, obj_mount_id: int) -> None:
+    """For name_to_handle_at: the looked-up object (its fd and unique mount id) must be
+    inside the share.
 
     EOPNOTSUPP for a submount inside the share (virtiofsd then keeps its own O_PATH fd, as
     for any filesystem without handles); EACCES for anything outside the share.
     """
-    if linux.mount_id(obj_fd) != share.mount_id:
+    if obj_mount_id != share.mount_id:
         if is_below(fd_path(obj_fd), share.current_path()):
             raise SyscallError(errno.EOPNOTSUPP, "object on a submount inside the share")
         raise SyscallError(errno.EACCES, "object outside the share (other mount)")
@@ -175,13 +176,13 @@ def check_resolved(share: Share, obj_fd: int) -> None:
         raise SyscallError(errno.EACCES, "object outside the share")
 
 
-def check_opened(share: Share, obj_fd: int, is_dir: bool) -> None:
+def check_opened(share: Share, obj_fd: int, is_dir: bool, obj_mount_id: int) -> None:
     """For open_by_handle_at: the fd comes from the share's mount (mount_fd is the share), so
     only a directory moved out of a non-root share can be outside; directories are always
     connected, so their path is checked. Non-directories are trusted on their MAC (like NFS
     no_subtree_check): their dentry may be disconnected and has no path to check.
     """
-    if linux.mount_id(obj_fd) != share.mount_id:
+    if obj_mount_id != share.mount_id:
         raise SyscallError(errno.ESTALE, "opened object not on the share's mount")
     if share.is_mount_root or not is_dir:
         return

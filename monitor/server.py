@@ -509,11 +509,12 @@ class Service:
         try:
             while True:
                 await trio.lowlevel.wait_readable(listener.fd)
-                if listener.hung_up():
+                ready = listener.poll()
+                if ready is None:
                     break
-                if not listener.pending():
+                if not ready:
                     continue
-                notif = listener.receive()
+                notif = listener.receive_ready()
                 if notif is not None:  # None: the caller went away between poll and recv
                     self._answer(target, notif)
         finally:

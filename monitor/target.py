@@ -168,12 +168,22 @@ class TargetThread:
         self.tid = notif.pid
         self._cache = cache
         self._status: ThreadStatus | None = None
+        self._entry: tuple[int, ThreadStatus | None] | None = None
+        self._looked_up = False
+
+    def _cached(self) -> tuple[int, ThreadStatus | None] | None:
+        """The cache's entry for this thread, checked alive once per call (the thread is
+        blocked in this call: if it lives now, it lives until we answer)."""
+        if not self._looked_up and self._cache is not None:
+            self._entry = self._cache.get(self.tid)
+            self._looked_up = True
+        return self._entry
 
     def _pidfd(self) -> int | None:
         """A cached pidfd for this thread, opening (and caching) one if needed."""
         if self._cache is None:
             return None
-        entry = self._cache.get(self.tid)
+        entry = self._cached()
         if entry is not None:
             return entry[0]
         try:
@@ -183,13 +193,14 @@ class TargetThread:
         if not self._cache.put(self.tid, pidfd, None):
             os.close(pidfd)
             return None
+        self._entry = (pidfd, None)
         return pidfd
 
     @property
     def status(self) -> ThreadStatus:
         if self._status is not None:
             return self._status
-        entry = self._cache.get(self.tid) if self._cache is not None else None
+        entry = self._cached()
         if entry is not None and entry[1] is not None:
             self._status = entry[1]
             return self._status
@@ -198,8 +209,8 @@ class TargetThread:
         self._status = status
         if self._cache is not None and status.frozen:
             pidfd = self._pidfd()
-            if pidfd is not None:
-                self._cache.put(self.tid, pidfd, status)
+            if pidfd is not None and self._cache.put(self.tid, pidfd, status):
+                self._entry = (pidfd, status)
         return status
 
     def _valid(self) -> None:
@@ -217,7 +228,7 @@ class TargetThread:
         if addr == 0 or addr + length > 1 << 64:
             raise SyscallError(errno.EFAULT)
         try:
-            data = linux.process_vm_read(self.tid, kernel.split_page_ranges(addr, length))
+            data = linux.process_vm_read(self.tid, addr, length)
         except ProcessLookupError:
             raise NotificationGone(self.tid) from None
         if check:
@@ -231,8 +242,7 @@ class TargetThread:
         if addr == 0:
             raise SyscallError(errno.EFAULT)
         try:
-            data = linux.process_vm_read(self.tid, kernel.split_page_ranges(addr,
-                                                                          kernel.PATH_MAX))
+            data = linux.process_vm_read(self.tid, addr, kernel.PATH_MAX)
         except ProcessLookupError:
             raise NotificationGone(self.tid) from None
         if check:
@@ -255,14 +265,16 @@ class TargetThread:
             raise NotificationGone(self.tid) from None
 
     def _write_chunks(self, chunks: tuple[tuple[int, bytes], ...]) -> None:
+        # One process_vm_writev for all chunks; it stops at the first page it cannot write,
+        # as the kernel's copy_to_user calls, in order, stop at the first that faults.
+        writable: list[tuple[int, bytes]] = []
         for addr, data in chunks:
-            if addr == 0:
-                raise SyscallError(errno.EFAULT)
-            for start, length in kernel.split_page_ranges(addr, len(data)):
-                offset = start - addr
-                got = linux.process_vm_write(self.tid, start, data[offset : offset + length])
-                if got != length:
-                    raise SyscallError(errno.EFAULT)
+            if addr == 0 or addr + len(data) > 1 << 64:
+                break
+            writable.append((addr, data))
+        expected = sum(len(data) for _, data in writable)
+        if linux.process_vm_write(self.tid, writable) != expected or len(writable) < len(chunks):
+            raise SyscallError(errno.EFAULT)
 
     # --- fds, cwd, root ------------------------------------------------------------
     def take_fd(self, fd: int) -> int:

@@ -111,9 +111,9 @@ def name_to_handle_at(ctx: CallContext) -> Return:
         raise SyscallError(errno.ENOENT)
     obj = resolve(ctx.thread, dirfd, path, bool(flags & kernel.AT_SYMLINK_FOLLOW))
     try:
-        check_resolved(ctx.share, obj)
+        mode, obj_mount = linux.statx_mode_mount(obj)
+        check_resolved(ctx.share, obj, obj_mount)
         handle_type, kernel_bytes, mnt = _kernel_handle(obj, flags)
-        mode = os.fstat(obj).st_mode
     finally:
         os.close(obj)
     if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):

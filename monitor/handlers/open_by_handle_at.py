@@ -65,11 +65,11 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
     except OSError as exc:
         raise SyscallError(exc.errno or errno.ESTALE) from None
     try:
-        mode = os.fstat(obj).st_mode
+        mode, obj_mount = linux.statx_mode_mount(obj)
         is_dir = stat.S_ISDIR(mode)
         if not (is_dir or stat.S_ISREG(mode)):
             raise SyscallError(errno.EACCES, "fhmon opens only directories and regular files")
-        check_opened(ctx.share, obj, is_dir)
+        check_opened(ctx.share, obj, is_dir, obj_mount)
         opened = _reopen_as_target(ctx, obj, flags, is_dir)
     finally:
         os.close(obj)
