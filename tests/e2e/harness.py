@@ -74,6 +74,18 @@ class Env:
         """virtiofsd through trixie's loader (bookworm's glibc is too old for it)."""
         return [self.ld_so, "--library-path", self.library_path, self.virtiofsd]
 
+    def migration_qemu_argv(self) -> list[str]:
+        """Trixie's QEMU 10 (vhost-user-fs migration needs >= 8.2) through its own loader, with
+        its own firmware folders; run it with migration_qemu_environ()."""
+        raw = self.raw
+        firmware = [a for d in raw["migration_qemu_firmware"].split(":") for a in ("-L", d)]
+        return [raw["migration_qemu_ld_so"], "--library-path", raw["migration_qemu_library_path"],
+                raw["migration_qemu"], *firmware]
+
+    def migration_qemu_environ(self) -> dict[str, str]:
+        """Keeps trixie's QEMU away from bookworm's QEMU modules in the compiled-in folder."""
+        return {"QEMU_MODULE_DIR": self.raw["migration_qemu_module_dir"]}
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("FHMON_E2E_CACHE", DEFAULT_CACHE))
@@ -153,9 +165,10 @@ def kill_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
 _ACCEL: str | None = None
 
 
-def _qemu_base(env: Env, accel: str) -> list[str]:
+def _qemu_base(env: Env, accel: str, qemu: Sequence[str] = ()) -> list[str]:
+    """QEMU (bookworm's, or the given argv prefix) with the guest's machine and shared memory."""
     cpu = "host" if accel == "kvm" else "max"
-    return [env.qemu, "-machine", f"q35,accel={accel},memory-backend=mem", "-cpu", cpu,
+    return [*(qemu or [env.qemu]), "-machine", f"q35,accel={accel},memory-backend=mem", "-cpu", cpu,
             "-smp", "2", "-m", GUEST_MEMORY,
             "-object", f"memory-backend-memfd,id=mem,size={GUEST_MEMORY},share=on",
             "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]
@@ -380,7 +393,7 @@ def parse_console(text: str, res: RunResult) -> None:
 READY_LINE = "Waiting for vhost-user socket connection"
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], log: Path, sock: Path, timeout: float) -> bool:
+def wait_ready(proc: subprocess.Popen[bytes], log: Path, sock: Path, timeout: float) -> bool:
     """True once virtiofsd says it waits for QEMU; False when it exits first or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -443,7 +456,7 @@ def run_scenario(
                 cwd="/", env=clean_env, process_group=0,
                 user=uid if as_user else None, group=uid if as_user else None,
                 extra_groups=[] if as_user else None)
-        res.virtiofsd_started = _wait_ready(vfs, vfs_log, rd.socket, start_timeout)
+        res.virtiofsd_started = wait_ready(vfs, vfs_log, rd.socket, start_timeout)
         res.timings["virtiofsd_ready_s"] = round(time.monotonic() - t0, 3)
         if not res.virtiofsd_started:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -586,19 +599,23 @@ class FhmonService:
 
 
 @contextlib.contextmanager
-def fhmon_service(rd: RunDir, fhmon: str | None = None) -> Iterator[FhmonService]:
+def fhmon_service(rd: RunDir, fhmon: str | None = None, *, name: str = "fhmon",
+                  key_dir: Path | None = None) -> Iterator[FhmonService]:
     """Starts `fhmon serve` for rd.share; on exit stops it with SIGTERM (returncode recorded).
 
+    A fresh key is generated unless key_dir is given (e.g. another service's, as two nodes
+    sharing one key would); name tells the socket and log of several services apart.
     Raises RuntimeError with fhmon's own output when it does not start.
     """
     fhmon = fhmon or fhmon_command()
-    key_dir = rd.base / "fhmon-keys"
-    keygen = subprocess.run([fhmon, "keygen", "--key-dir", str(key_dir)],
-                            capture_output=True, text=True, timeout=30)
-    if keygen.returncode != 0:
-        raise RuntimeError(f"fhmon keygen failed ({keygen.returncode}): {keygen.stderr}")
-    sock = rd.base / "fhmon.sock"
-    log_path = rd.base / "fhmon-serve.log"
+    if key_dir is None:
+        key_dir = rd.base / f"{name}-keys"
+        keygen = subprocess.run([fhmon, "keygen", "--key-dir", str(key_dir)],
+                                capture_output=True, text=True, timeout=30)
+        if keygen.returncode != 0:
+            raise RuntimeError(f"fhmon keygen failed ({keygen.returncode}): {keygen.stderr}")
+    sock = rd.base / f"{name}.sock"
+    log_path = rd.base / f"{name}-serve.log"
     argv = [fhmon, "serve", "--socket", str(sock), "--key-dir", str(key_dir),
             "--allow", str(rd.share)]
     with open(log_path, "wb") as out:

@@ -13,9 +13,12 @@ What it does (each step skipped when its output is already there):
      configuration (never installed system-wide: bookworm's glibc is too old for it);
   4. dpkg -x the trixie packages into a private root, checks that virtiofsd runs through that
      root's own ld-linux with --library-path;
-  5. extracts the kernel image and the modules virtiofs needs (resolved with modules.dep) and
+  5. the same for trixie's QEMU 10 (qemu-system-x86 with its firmware and libraries, in a root
+     of its own): bookworm's QEMU 7.2 cannot migrate a vhost-user-fs device, the live migration
+     test needs QEMU >= 8.2;
+  6. extracts the kernel image and the modules virtiofs needs (resolved with modules.dep) and
      writes a base initramfs (busybox + modules; the tests append /init and the workload);
-  6. records all paths in env.json, which the harness reads.
+  7. records all paths in env.json, which the harness reads.
 
 Run as root on Debian 12:  python3 tests/e2e/env/prepare.py   (stdlib only; idempotent)
 """
@@ -51,6 +54,13 @@ GUEST_MODULES = ("virtio_pci", "virtiofs")
 #: Folders whose module bytes are kept while reading the kernel package (others: depends= only).
 MODULE_FOLDERS = ("/kernel/drivers/virtio/", "/kernel/fs/fuse/")
 SYSTEM_PACKAGES = ("qemu-system-x86",)
+#: Trixie's QEMU for the live migration test.  Its dependency closure is resolved by apt (against
+#: an empty dpkg status, so nothing installed on this machine counts) and only these packages and
+#: shared libraries are kept: -nodefaults means no NIC, so no iPXE option ROM is needed.
+TRIXIE_QEMU = "qemu-system-x86"
+TRIXIE_QEMU_KEEP = re.compile(r"(lib.*|zlib1g|qemu-system-(x86|common|data)|seabios)")
+#: vhost-user-fs migration (back-end device state transfer) arrived in QEMU 8.2.
+TRIXIE_QEMU_MIN = (8, 2)
 DEBIAN_FALLBACK_URI = "http://deb.debian.org/debian"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
@@ -93,14 +103,18 @@ def dpkg_installed(pkg: str) -> bool:
 
 
 class AptState:
-    """Runs `apt-get update` at most once per preparation, and only when something is missing."""
+    """Runs `apt-get update` at most once per preparation, and only when something is missing.
 
-    def __init__(self) -> None:
+    options select another apt configuration (the private trixie one) than the system's.
+    """
+
+    def __init__(self, options: Sequence[str] = ()) -> None:
+        self.options = list(options)
         self.updated = False
 
     def update(self) -> None:
         if not self.updated:
-            run(["apt-get", "update"])
+            run(["apt-get", *self.options, "update"])
             self.updated = True
 
 
@@ -210,15 +224,10 @@ def find_real_file(root: Path, name: str) -> Path:
     raise PrepareError(f"{name} not found under {root}")
 
 
-def prepare_trixie(cache: Path, apt: AptState) -> dict[str, str]:
+def prepare_trixie(cache: Path, trixie: AptState) -> dict[str, str]:
     """Download and unpack virtiofsd + its libraries; verify it runs through the private loader."""
     debs_dir = cache / "debs" / "trixie"
-    opts = trixie_apt_options(cache)
-
-    def update() -> None:
-        run(["apt-get", *opts, "update"])
-
-    debs = apt_download(TRIXIE_PACKAGES, debs_dir, opts, update)
+    debs = apt_download(TRIXIE_PACKAGES, debs_dir, trixie.options, trixie.update)
     depends = deb_field(debs["virtiofsd"], "Depends")
     names = {re.split(r"[\s(:]", d.strip())[0] for d in re.split(r"[,|]", depends) if d.strip()}
     extra = names - set(TRIXIE_PACKAGES) - TRIXIE_UNNEEDED
@@ -252,6 +261,74 @@ def prepare_trixie(cache: Path, apt: AptState) -> dict[str, str]:
         "virtiofsd_version": version,
         "virtiofsd_deb": debs["virtiofsd"].name,
         "libc6_deb": debs["libc6"].name,
+    }
+
+
+def trixie_qemu_packages(cache: Path, trixie: AptState) -> list[str]:
+    """Packages of trixie's QEMU and everything it links, resolved once and remembered.
+
+    `apt-get -s install` against an empty dpkg status lists the whole dependency closure without
+    touching the system; the list is kept in the cache so an offline re-run needs no apt lists.
+    """
+    remembered = cache / "trixie-qemu-packages"
+    if remembered.exists():
+        return remembered.read_text().split()
+    empty_status = cache / "apt-trixie" / "empty-status"
+    empty_status.write_text("")
+    trixie.update()
+    out = run(["apt-get", *trixie.options, "-o", f"Dir::State::status={empty_status}",
+               "-s", "install", "--no-install-recommends", TRIXIE_QEMU], capture=True)
+    closure = [line.split()[1] for line in out.splitlines() if line.startswith("Inst ")]
+    pkgs = sorted(p for p in closure if TRIXIE_QEMU_KEEP.fullmatch(p))
+    if TRIXIE_QEMU not in pkgs or "seabios" not in pkgs:
+        raise PrepareError(f"apt resolved no {TRIXIE_QEMU} closure from trixie:\n{out[-3000:]}")
+    remembered.write_text("\n".join(pkgs) + "\n")
+    return pkgs
+
+
+def prepare_trixie_qemu(cache: Path, trixie: AptState) -> dict[str, str]:
+    """Download and unpack trixie's QEMU into its own root; check it runs through its loader.
+
+    Kept apart from the virtiofsd root so that either can be rebuilt alone.  QEMU is run as
+    `ld-linux --library-path LIBS qemu-system-x86_64 -L FIRMWARE...` with QEMU_MODULE_DIR set:
+    its compiled-in paths (/usr/share/qemu, /usr/lib/x86_64-linux-gnu/qemu) would otherwise find
+    bookworm's firmware and modules.
+    """
+    debs_dir = cache / "debs" / "trixie"
+    pkgs = trixie_qemu_packages(cache, trixie)
+    debs = apt_download(pkgs, debs_dir, trixie.options, trixie.update)
+    stamp_text = "\n".join(sorted(d.name for d in debs.values()))
+    root = cache / "trixie-qemu-root"
+    stamp = cache / "trixie-qemu-root.stamp"
+    if not stamp.exists() or stamp.read_text() != stamp_text:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        for deb in debs.values():
+            unpack(deb, root)
+        stamp.write_text(stamp_text)
+    else:
+        log(f"trixie QEMU root already unpacked: {root}")
+    libdir = root / "usr" / "lib" / "x86_64-linux-gnu"
+    ld = libdir / "ld-linux-x86-64.so.2"
+    qemu = root / "usr" / "bin" / "qemu-system-x86_64"
+    firmware = [root / "usr" / "share" / "qemu", root / "usr" / "share" / "seabios"]
+    for path in (ld, qemu, *firmware, firmware[1] / "bios-256k.bin"):
+        if not path.exists():
+            raise PrepareError(f"{path} missing after unpacking trixie's QEMU")
+    first = run([str(ld), "--library-path", str(libdir), str(qemu), "--version"],
+                capture=True).splitlines()[0].strip()
+    m = re.search(r"version (\d+)\.(\d+)", first)
+    if m is None or (int(m.group(1)), int(m.group(2))) < TRIXIE_QEMU_MIN:
+        raise PrepareError(f"trixie's QEMU is too old for vhost-user-fs migration: {first}")
+    log(f"trixie QEMU runs: {first}")
+    return {
+        "migration_qemu": str(qemu),
+        "migration_qemu_ld_so": str(ld),
+        "migration_qemu_library_path": str(libdir),
+        "migration_qemu_firmware": ":".join(str(f) for f in firmware),
+        "migration_qemu_module_dir": str(libdir / "qemu"),
+        "migration_qemu_version": first,
+        "migration_qemu_deb": debs[TRIXIE_QEMU].name,
     }
 
 
@@ -476,7 +553,9 @@ def prepare(cache: Path) -> dict[str, str]:
 
     env: dict[str, str] = {"format": str(FORMAT), "cache": str(cache), "qemu": qemu}
     env["qemu_version"] = run([qemu, "--version"], capture=True).splitlines()[0]
-    env.update(prepare_trixie(cache, apt))
+    trixie = AptState(trixie_apt_options(cache))
+    env.update(prepare_trixie(cache, trixie))
+    env.update(prepare_trixie_qemu(cache, trixie))
     env.update(prepare_kernel(cache, debs["busybox-static"], debs[kpkg]))
     out = cache / "env.json"
     tmp = out.with_suffix(".tmp")
