@@ -41,6 +41,7 @@ class Config:
     keeper_socket: str = ""
     drop_capabilities: bool = True
     recv_thread: bool = False
+    dispatch_thread: bool = True
     sandbox: bool = False
 
     def to_toml(self) -> str:
@@ -184,7 +185,8 @@ def _validate(key: str, value: Any) -> Any:
             if number < 1:
                 raise ConfigError(f"config key {key!r}: must be at least 1")
             return number
-        case "sync_wakeup" | "signing" | "drop_capabilities" | "recv_thread" | "sandbox":
+        case ("sync_wakeup" | "signing" | "drop_capabilities" | "recv_thread"
+              | "dispatch_thread" | "sandbox"):
             return _expect(key, value, bool)
     raise ConfigError(f"unknown config key {key!r}")
 

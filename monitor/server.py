@@ -20,6 +20,7 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ import trio
 from monitor import fdpass, log
 from monitor.config import Config
 from monitor.credentials import acting_as
+from monitor.dispatch_thread import DispatchThread
 from monitor.handlers.base import CallContext
 from monitor.handlers.registry import Dispatcher, syscall_name
 from monitor.linux import kcmp_same_file
@@ -87,6 +89,7 @@ class Service:
         self.started = time.time()
         self.key_error: str | None = None
         self.activated = False  # the socket came from systemd: leave it in place
+        self._dispatch: DispatchThread | None = None
 
     # --- keys -------------------------------------------------------------------------
     def reload_keys(self) -> bool:
@@ -198,8 +201,12 @@ class Service:
             from monitor import sandbox
 
             log.event("sandbox", rules=sandbox.install())
+        if self.config.dispatch_thread and not self.config.recv_thread:
+            self._dispatch = DispatchThread(self._answer)
         try:
             async with trio.open_nursery() as nursery:
+                if self._dispatch is not None:
+                    nursery.start_soon(self._run_dispatch_thread, self._dispatch)
                 nursery.start_soon(self.watch_keys)
                 nursery.start_soon(self.sweep_threads)
                 if self.config.metrics_address:
@@ -228,6 +235,9 @@ class Service:
                     nursery.start_soon(self._connection, conn, nursery)
         finally:
             sock.close()
+            if self._dispatch is not None:
+                self._dispatch.close()
+                self._dispatch = None
             if not self.activated:
                 with contextlib.suppress(OSError):
                     os.unlink(self.config.socket)
@@ -501,9 +511,22 @@ class Service:
         return restored
 
     # --- one registered listener --------------------------------------------------------
+    async def _run_dispatch_thread(self, dispatch: DispatchThread) -> None:
+        """The dispatch thread's lifetime, owned by the service's nursery: on cancellation
+        it is told to stop, and this task ends when the thread has returned."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_cancel, dispatch.stop)
+            try:
+                await trio.to_thread.run_sync(dispatch.run)  # waits for the thread, always
+            finally:
+                nursery.cancel_scope.cancel()
+
     async def _serve_target(self, target: Target) -> None:
         if self.config.recv_thread:
             await self._serve_target_in_thread(target)
+            return
+        if self._dispatch is not None:
+            await self._serve_target_dispatched(target, self._dispatch)
             return
         listener = target.listener
         try:
@@ -518,6 +541,22 @@ class Service:
                 if notif is not None:  # None: the caller went away between poll and recv
                     self._answer(target, notif)
         finally:
+            self._release(target)
+
+    async def _serve_target_dispatched(self, target: Target, dispatch: DispatchThread) -> None:
+        """The dispatch thread answers the calls; this task waits for the hang-up."""
+        gone = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def hung_up() -> None:  # on the dispatch thread
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(gone.set)
+
+        dispatch.add(target, hung_up)
+        try:
+            await gone.wait()
+        finally:
+            dispatch.remove(target)
             self._release(target)
 
     def _release(self, target: Target) -> None:
@@ -596,6 +635,13 @@ class Service:
 
 
 # --- small I/O helpers ------------------------------------------------------------------
+
+async def _stop_on_cancel(stop: Callable[[], None]) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        stop()
+
 
 def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -16,7 +16,7 @@ from monitor.config import Config, ConfigError, apply, finish
 
 FAST = settings(max_examples=200, deadline=None)
 
-ALL_KEYS = ["allow", "drop_capabilities", "keeper_socket", "key_dir", "log_level",
+ALL_KEYS = ["allow", "dispatch_thread", "drop_capabilities", "keeper_socket", "key_dir", "log_level",
             "max_connections", "max_targets", "metrics_address", "recv_thread",
             "registration_timeout", "sandbox", "signing", "socket", "socket_group",
             "socket_mode", "socket_owner", "state_dir", "sync_wakeup"]
@@ -327,6 +327,7 @@ def test_to_toml_default_text() -> None:
         'keeper_socket = ""\n'
         "drop_capabilities = true\n"
         "recv_thread = false\n"
+        "dispatch_thread = true\n"
         "sandbox = false\n")
 
 

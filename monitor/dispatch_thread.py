@@ -1,0 +1,103 @@
+"""The dispatch thread: one OS thread waits on every listener with epoll and answers calls.
+
+Why not trio's wait_readable, the first design: per call it re-arms epoll, switches tasks
+and runs the scheduler, ~20 us of fhmon's CPU on the machines fhmon was measured on (a
+fifth of a whole call; docs/performance.md). A thread blocked in epoll_wait skips all of
+it. Why one thread for every listener, not one per listener (`recv_thread`): with many
+threads every syscall that releases the GIL becomes a hand-off between threads, and at 8
+busy targets the CPU per call tripled.
+
+trio still owns the lifetimes: a target's task adds its listener here and sleeps until the
+thread reports the hang-up (or until the task is cancelled); `remove` returns only when
+the thread is not answering a call, so the task may then close the target's fds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from protocol import kernel
+
+if TYPE_CHECKING:
+    from monitor.server import Target
+
+Answer = Callable[["Target", kernel.Notification], None]
+_HANGUP = select.EPOLLHUP | select.EPOLLERR
+
+
+class DispatchThread:
+    """Answers the calls of every added target on one thread; `run` is that thread's body."""
+
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
+        self._epoll = select.epoll()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._epoll.register(self._wake_r, select.EPOLLIN)
+        self._targets: dict[int, tuple[Target, Callable[[], None]]] = {}
+        self._busy = threading.Lock()  # held while the thread works on events
+        self._stopping = False
+
+    def add(self, target: Target, hung_up: Callable[[], None]) -> None:
+        """Serve target's listener; hung_up runs (on the thread) once its filter has no task."""
+        fd = target.listener.fd
+        with self._busy:
+            self._targets[fd] = (target, hung_up)
+            self._epoll.register(fd, select.EPOLLIN)
+
+    def remove(self, target: Target) -> None:
+        """Stop serving target; afterwards the thread holds no reference to its fds."""
+        fd = target.listener.fd
+        with self._busy:
+            entry = self._targets.get(fd)
+            if entry is not None and entry[0] is target:
+                del self._targets[fd]
+                with contextlib.suppress(OSError, ValueError):
+                    self._epoll.unregister(fd)
+
+    def stop(self) -> None:
+        """Make run() return (from any thread)."""
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def close(self) -> None:
+        self._epoll.close()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+    def run(self) -> None:
+        # Signals go to trio's thread; this one must never run a handler mid-call.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        while not self._stopping:
+            events = self._epoll.poll()
+            with self._busy:
+                for fd, mask in events:
+                    if fd == self._wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 64)
+                        continue
+                    self._serve(fd, mask)
+
+    def _serve(self, fd: int, mask: int) -> None:
+        entry = self._targets.get(fd)
+        if entry is None:
+            return  # removed after epoll_wait returned
+        target, hung_up = entry
+        # The fd number may have been closed and reused by a new registration since epoll
+        # reported it: ask the listener itself, RECV must never block here.
+        ready = target.listener.poll() if not mask & _HANGUP else None
+        if ready is None:
+            del self._targets[fd]
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(fd)
+            hung_up()
+        elif ready:
+            notif = target.listener.receive_ready()
+            if notif is not None:
+                self._answer(target, notif)
