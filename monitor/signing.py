@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -24,6 +25,11 @@ from protocol import signed_handle
 MIN_KEY_BYTES: Final = 32
 SIGNER_FILE: Final = "signing-key-id"
 _KEY_NAME = re.compile(r"^([0-9a-f]{8})\.key$")
+_TYPE_LEN = struct.Struct(">iI")  # signed_handle.mac_suffix's header
+_KEY_ID_SIZE: Final = signed_handle.KEY_ID_SIZE
+_MAC_SIZE: Final = signed_handle.MAC_SIZE
+_TRAILER_SIZE: Final = signed_handle.TRAILER_SIZE
+_MAX_SHARES_CACHED: Final = 4096
 
 
 class KeyDirError(Exception):
@@ -43,8 +49,11 @@ class KeyRing:
         if signer not in keys:
             raise KeyDirError(f"signing key {signer:08x} is not among the keys")
         self._macs = {kid: self._keyed(key) for kid, key in keys.items()}
-        self._prefixed: dict[tuple[int, bytes], crypto_hmac.HMAC] = {}
+        # key id (4 bytes, as in a handle) -> share id -> keyed state with the prefix absorbed
+        self._states: dict[bytes, dict[bytes, crypto_hmac.HMAC]] = {
+            kid.to_bytes(_KEY_ID_SIZE, "big"): {} for kid in keys}
         self.signer = signer
+        self._signer_bytes = signer.to_bytes(_KEY_ID_SIZE, "big")
 
     @staticmethod
     def _keyed(key: bytes) -> crypto_hmac.HMAC:
@@ -54,33 +63,49 @@ class KeyRing:
     def key_ids(self) -> tuple[int, ...]:
         return tuple(sorted(self._macs))
 
-    def _mac(self, key_id: int, share_id: bytes, handle_type: int,
-             kernel_bytes: bytes) -> bytes:
-        """HMAC over signed_handle.mac_message(...), with the per-share prefix absorbed once."""
-        prefixed = self._prefixed.get((key_id, share_id))
+    def _prefixed_state(self, key_id_bytes: bytes, share_id: bytes) -> crypto_hmac.HMAC | None:
+        """The keyed state of a key (by its 4 id bytes) with the per-share prefix absorbed,
+        built once per key and share; None for an unknown key."""
+        states = self._states.get(key_id_bytes)
+        if states is None:
+            return None
+        prefixed = states.get(share_id)
         if prefixed is None:
-            prefixed = self._macs[key_id].copy()
+            if len(states) >= _MAX_SHARES_CACHED:
+                states.clear()
+            prefixed = self._macs[int.from_bytes(key_id_bytes, "big")].copy()
             prefixed.update(signed_handle.mac_prefix(share_id))
-            if len(self._prefixed) < 4096:
-                self._prefixed[(key_id, share_id)] = prefixed
-        h = prefixed.copy()
-        h.update(signed_handle.mac_suffix(handle_type, kernel_bytes, key_id))
-        return h.finalize()[: signed_handle.MAC_SIZE]
+            states[share_id] = prefixed
+        return prefixed
 
     def sign(self, share_id: bytes, handle_type: int, kernel_bytes: bytes) -> bytes:
-        """The f_handle to give a target: kernel bytes + key id + MAC (deterministic)."""
-        mac = self._mac(self.signer, share_id, handle_type, kernel_bytes)
-        return signed_handle.assemble(kernel_bytes, self.signer, mac)
+        """The f_handle to give a target: kernel bytes + key id + MAC (deterministic).
+
+        The hot path, hence inlined: the message is signed_handle.mac_message(), the result
+        signed_handle.assemble() (the unit tests check both against these).
+        """
+        key_id_bytes = self._signer_bytes
+        prefixed = self._prefixed_state(key_id_bytes, share_id)
+        assert prefixed is not None  # the signer is always among the keys
+        h = prefixed.copy()
+        h.update(_TYPE_LEN.pack(handle_type, len(kernel_bytes)) + kernel_bytes + key_id_bytes)
+        return kernel_bytes + key_id_bytes + h.finalize()[:_MAC_SIZE]
 
     def verify(self, share_id: bytes, handle_type: int, f_handle: bytes) -> bytes | None:
         """The kernel bytes if the MAC is right for this share and a known key, else None."""
-        parts = signed_handle.split(f_handle)
-        if parts is None or parts.key_id not in self._macs:
+        n = len(f_handle) - _TRAILER_SIZE
+        if n <= 0:
             return None
-        expected = self._mac(parts.key_id, share_id, handle_type, parts.kernel_bytes)
-        if not std_hmac.compare_digest(expected, parts.mac):
+        key_id_bytes = f_handle[n : n + _KEY_ID_SIZE]
+        prefixed = self._prefixed_state(key_id_bytes, share_id)
+        if prefixed is None:
             return None
-        return parts.kernel_bytes
+        kernel_bytes = f_handle[:n]
+        h = prefixed.copy()
+        h.update(_TYPE_LEN.pack(handle_type, n) + kernel_bytes + key_id_bytes)
+        if not std_hmac.compare_digest(h.finalize()[:_MAC_SIZE], f_handle[n + _KEY_ID_SIZE :]):
+            return None
+        return kernel_bytes
 
     @classmethod
     def load(cls, key_dir: str | Path) -> KeyRing:
