@@ -115,7 +115,14 @@ def pidfd_getfd(pidfd: int, targetfd: int) -> int:
 def process_vm_read(pid: int, addr: int, length: int) -> bytes:
     """Read [addr, addr+length) of a process: the readable prefix, page-exact (a fault at the
     first page gives b"")."""
-    ranges = split_page_ranges(addr, length)
+    return process_vm_read_regions(pid, ((addr, length),))
+
+
+def process_vm_read_regions(pid: int, regions: Sequence[tuple[int, int]]) -> bytes:
+    """Read several (addr, length) regions in one call, concatenated: the readable prefix,
+    which stops (page-exact) at the first page that cannot be read."""
+    ranges = [r for addr, length in regions for r in split_page_ranges(addr, length)]
+    length = sum(size for _, size in ranges)
     if len(ranges) > _MAX_IOV or length > _DATA_SIZE:
         return _process_vm_read_large(pid, ranges, length)
     scratch = _scratch

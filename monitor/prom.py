@@ -50,10 +50,19 @@ class Metrics:
         key_ok = Gauge("fhmon_key_dir_healthy", "1 if the last key dir load succeeded",
                        registry=r)
         key_ok.set_function(lambda: 0 if service.key_error else 1)
+        self._call_counters: dict[tuple[str, str], Counter] = {}
+        self._histograms: dict[str, Histogram] = {}
 
     def observe(self, syscall: str, result: str, seconds: float, ctx: CallContext) -> None:
-        self.calls.labels(syscall, result).inc()
-        self.latency.labels(syscall).observe(seconds)
+        # The labelled children, found once: .labels() validates and locks on every call.
+        counter = self._call_counters.get((syscall, result))
+        if counter is None:
+            counter = self._call_counters[(syscall, result)] = self.calls.labels(syscall, result)
+        histogram = self._histograms.get(syscall)
+        if histogram is None:
+            histogram = self._histograms[syscall] = self.latency.labels(syscall)
+        counter.inc()
+        histogram.observe(seconds)
         if ctx.note:
             if ctx.note == "bad or foreign MAC":
                 self.mac_failures.inc()

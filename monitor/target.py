@@ -11,6 +11,7 @@ import errno
 import os
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from monitor import linux
@@ -170,6 +171,7 @@ class TargetThread:
         self._status: ThreadStatus | None = None
         self._entry: tuple[int, ThreadStatus | None] | None = None
         self._looked_up = False
+        self._prefetched: tuple[tuple[int, int], bytes] | None = None
 
     def _cached(self) -> tuple[int, ThreadStatus | None] | None:
         """The cache's entry for this thread, checked alive once per call (the thread is
@@ -213,7 +215,8 @@ class TargetThread:
                 self._entry = (pidfd, status)
         return status
 
-    def _valid(self) -> None:
+    def ensure_valid(self) -> None:
+        """ID_VALID: the thread is still blocked in this call (its pid names it)."""
         self.listener.ensure_valid(self.notif.id)
 
     # --- memory --------------------------------------------------------------------
@@ -227,38 +230,69 @@ class TargetThread:
             return b""
         if addr == 0 or addr + length > 1 << 64:
             raise SyscallError(errno.EFAULT)
-        try:
-            data = linux.process_vm_read(self.tid, addr, length)
-        except ProcessLookupError:
-            raise NotificationGone(self.tid) from None
+        if self._prefetched is not None and self._prefetched[0] == (addr, length):
+            data = self._prefetched[1]
+        else:
+            data = self._read(((addr, length),))
         if check:
-            self._valid()
+            self.ensure_valid()
         if len(data) != length:
             raise SyscallError(errno.EFAULT)
         return data
 
-    def read_path(self, addr: int, *, check: bool = True) -> bytes:
-        """getname(): a NUL-terminated string of at most PATH_MAX bytes with the NUL."""
+    def read_prefix(self, addr: int, length: int) -> bytes:
+        """Up to length bytes at addr: as many as are readable (page-exact), with no
+        ID_VALID (the caller validates before the bytes have an effect)."""
+        if addr == 0:
+            return b""
+        return self._read(((addr, min(length, (1 << 64) - addr)),))
+
+    def read_path(self, addr: int, *, check: bool = True,
+                  prefetch: tuple[int, int] | None = None) -> bytes:
+        """getname(): a NUL-terminated string of at most PATH_MAX bytes with the NUL.
+
+        The first read stops at the end of the path's first page, where almost every path
+        ends. prefetch=(addr, length) reads that region in the same syscall, for a later
+        read_exact of exactly that region (the kernel reads it later: either order is an
+        interleaving the target's other threads could have produced).
+        """
         if addr == 0:
             raise SyscallError(errno.EFAULT)
+        first = min(kernel.PATH_MAX, kernel.PAGE_SIZE - addr % kernel.PAGE_SIZE)
+        regions = [(addr, first)]
+        if prefetch is not None and prefetch[0] > 0 and sum(prefetch) <= 1 << 64:
+            regions.append(prefetch)
+        data = self._read(regions)
+        nul = data.find(b"\0", 0, first)
+        if nul >= 0:
+            if len(regions) == 2 and len(data) == first + regions[1][1]:
+                self._prefetched = (regions[1], data[first:])
+            path = data[:nul]
+        elif len(data) < first:
+            raise SyscallError(errno.EFAULT)
+        else:
+            rest = min(kernel.PATH_MAX - first, (1 << 64) - (addr + first))
+            data = data[:first] + self._read(((addr + first, rest),))
+            nul = data.find(b"\0")
+            if nul < 0:
+                raise SyscallError(errno.EFAULT if len(data) < kernel.PATH_MAX
+                                   else errno.ENAMETOOLONG)
+            path = data[:nul]
+        if check:
+            self.ensure_valid()
+        return path
+
+    def _read(self, regions: Sequence[tuple[int, int]]) -> bytes:
         try:
-            data = linux.process_vm_read(self.tid, addr, kernel.PATH_MAX)
+            return linux.process_vm_read_regions(self.tid, regions)
         except ProcessLookupError:
             raise NotificationGone(self.tid) from None
-        if check:
-            self._valid()
-        nul = data.find(b"\0")
-        if nul >= 0:
-            return data[:nul]
-        if len(data) < kernel.PATH_MAX:
-            raise SyscallError(errno.EFAULT)
-        raise SyscallError(errno.ENAMETOOLONG)
 
     def write(self, *chunks: tuple[int, bytes]) -> None:
         """copy_to_user for each (addr, data) in order: EFAULT at the first byte that cannot
         be written (earlier bytes stay written, as with the kernel). One ID_VALID first:
         the thread cannot go away between the writes without the writes failing."""
-        self._valid()
+        self.ensure_valid()
         try:
             self._write_chunks(chunks)
         except ProcessLookupError:
@@ -294,7 +328,7 @@ class TargetThread:
         try:
             ours = linux.pidfd_getfd(pidfd, fd)
         except OSError as exc:
-            self._valid()
+            self.ensure_valid()
             if exc.errno == errno.EBADF:
                 raise SyscallError(errno.EBADF) from None
             raise NotificationGone(self.tid) from None
@@ -302,7 +336,7 @@ class TargetThread:
             if cached is None:
                 os.close(pidfd)
         try:
-            self._valid()
+            self.ensure_valid()
         except NotificationGone:
             os.close(ours)
             raise
@@ -320,7 +354,7 @@ class TargetThread:
         except OSError:
             raise NotificationGone(self.tid) from None
         try:
-            self._valid()
+            self.ensure_valid()
         except NotificationGone:
             os.close(fd)
             raise

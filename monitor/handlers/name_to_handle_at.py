@@ -106,7 +106,8 @@ def name_to_handle_at(ctx: CallContext) -> Return:
                                                          | kernel.AT_EMPTY_PATH):
         raise SyscallError(errno.EINVAL)
 
-    path = ctx.thread.read_path(path_ptr, check=False)  # resolve() validates next
+    # resolve() validates next; the handle header comes along in the same read
+    path = ctx.thread.read_path(path_ptr, check=False, prefetch=(handle_ptr, 8))
     if not path and not flags & kernel.AT_EMPTY_PATH:
         raise SyscallError(errno.ENOENT)
     obj = resolve(ctx.thread, dirfd, path, bool(flags & kernel.AT_SYMLINK_FOLLOW))

@@ -41,14 +41,22 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
     handle_ptr = kernel.arg_ptr(args[1])
     flags = kernel.arg_int(args[2])
 
-    # One ID_VALID after both reads: the header only steers the size checks before it (an
-    # errno answer goes by notification id, which the kernel checks itself).
-    header = kernel.FileHandleHeader.parse(ctx.thread.read_exact(handle_ptr, 8, check=False))
+    # One read for the header and the largest handle: the readable prefix says which of the
+    # kernel's two copy_from_user calls would fault. One ID_VALID after it: the header only
+    # steers the size checks before it (an errno answer goes by notification id, which the
+    # kernel checks itself).
+    raw = ctx.thread.read_prefix(handle_ptr, 8 + kernel.MAX_HANDLE_SZ)
+    if len(raw) < 8:
+        raise SyscallError(errno.EFAULT)
+    header = kernel.FileHandleHeader.parse(raw[:8])
     if header.handle_bytes == 0 or header.handle_bytes > kernel.MAX_HANDLE_SZ:
         raise SyscallError(errno.EINVAL)
     if not kernel.handle_type_is_valid(header.handle_type):
         raise SyscallError(errno.EINVAL)
-    f_handle = ctx.thread.read_exact(handle_ptr + 8, header.handle_bytes)
+    ctx.thread.ensure_valid()
+    if len(raw) < 8 + header.handle_bytes:
+        raise SyscallError(errno.EFAULT)
+    f_handle = raw[8 : 8 + header.handle_bytes]
     mount_dev = _mount_fd_device(ctx, mount_fd)
 
     if ctx.signing:
