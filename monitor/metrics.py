@@ -66,6 +66,8 @@ def metrics_middleware(stats: CallStats, observers: list[ObserveFn] | None = Non
 def audit_middleware(stats: CallStats) -> Middleware:
     """Logs every call fhmon refused on policy (confinement, MAC, file type)."""
 
+    events = logging.getLogger("fhmon.events")
+
     def wrap(name: str, handler: Handler) -> Handler:
         def audited(ctx: CallContext) -> Outcome:
             try:
@@ -78,11 +80,11 @@ def audit_middleware(stats: CallStats) -> Middleware:
                               reason=ctx.note, tid=ctx.thread.tid,
                               tgid=_tgid(ctx), share=ctx.share.host_path,
                               target=ctx.target_id)
-                elif logging.getLogger("fhmon.events").isEnabledFor(logging.DEBUG):
+                elif events.isEnabledFor(logging.DEBUG):
                     log.event("call", logging.DEBUG, syscall=name, result=result_name(exc),
                               tid=ctx.thread.tid, target=ctx.target_id)
                 raise
-            if logging.getLogger("fhmon.events").isEnabledFor(logging.DEBUG):
+            if events.isEnabledFor(logging.DEBUG):
                 log.event("call", logging.DEBUG, syscall=name, result="ok",
                           tid=ctx.thread.tid, target=ctx.target_id)
             return outcome

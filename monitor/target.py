@@ -311,8 +311,13 @@ class TargetThread:
             raise SyscallError(errno.EFAULT)
 
     # --- fds, cwd, root ------------------------------------------------------------
-    def take_fd(self, fd: int) -> int:
-        """A duplicate of the target's fd (same open file), or EBADF."""
+    def take_fd(self, fd: int, *, check: bool = True) -> int:
+        """A duplicate of the target's fd (same open file), or EBADF.
+
+        check=False leaves the ID_VALID to the caller's next validated step (the handle
+        write, the ADDFD): until then the fd may belong to a process that reused a dead
+        target's TID, so it may only steer lookups and errno answers (an answer to a
+        notification that is gone reaches nobody)."""
         if fd < 0:
             raise SyscallError(errno.EBADF)
         cached = self._pidfd()
@@ -335,11 +340,12 @@ class TargetThread:
         finally:
             if cached is None:
                 os.close(pidfd)
-        try:
-            self.ensure_valid()
-        except NotificationGone:
-            os.close(ours)
-            raise
+        if check:
+            try:
+                self.ensure_valid()
+            except NotificationGone:
+                os.close(ours)
+                raise
         return ours
 
     def open_cwd(self) -> int:

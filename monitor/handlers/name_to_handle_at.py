@@ -78,7 +78,7 @@ def resolve(thread: TargetThread, dirfd: int, path: bytes, follow: bool) -> int:
     elif dirfd == kernel.AT_FDCWD:
         base = thread.open_cwd()
     else:
-        base = thread.take_fd(dirfd)
+        base = thread.take_fd(dirfd, check=False)  # validated by the status read or the write
     if not path:
         return base
     try:

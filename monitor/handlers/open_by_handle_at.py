@@ -96,7 +96,9 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
 
 def _mount_fd_device(ctx: CallContext, mount_fd: int) -> int:
     """EBADF as the kernel gives it (bad fd, or an O_PATH fd), else the fd's st_dev."""
-    fd = ctx.thread.open_cwd() if mount_fd == kernel.AT_FDCWD else ctx.thread.take_fd(mount_fd)
+    # Only an errno depends on it; ADDFD validates the notification before the fd lands.
+    fd = (ctx.thread.open_cwd() if mount_fd == kernel.AT_FDCWD
+          else ctx.thread.take_fd(mount_fd, check=False))
     try:
         if mount_fd != kernel.AT_FDCWD and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
             raise SyscallError(errno.EBADF)
