@@ -14,8 +14,9 @@ Two parts, both run as root in this process:
   thread blocked in RECV), SYNC_WAKE_UP on/off, pinned/unpinned, and one monitor vs two
   threads vs two processes receiving from one listener.
 
-fhmon's own code is not used (except KeyRing, to time the signing it ships): these numbers
-stay comparable while monitor/ changes.
+fhmon's own code is not used (except KeyRing and the memory wrappers of monitor/linux.py, each
+timed "as shipped" next to the alternatives): these numbers stay comparable while monitor/
+changes.
 """
 
 from __future__ import annotations
@@ -206,6 +207,8 @@ def primitives(n: int) -> list[dict[str, Any]]:
 
         add("target cwd", "open /proc/PID/cwd O_PATH + close", cwd)
         add("target credentials", "read + parse /proc/PID/status", lambda: read_status(pid))
+        rows.extend(_ctypes_rows(cached, n))
+        rows.extend(_shipped_memory_rows(pid, addr, payload, n))
         os.close(cached)
         os.close(mem)
 
@@ -218,6 +221,44 @@ def primitives(n: int) -> list[dict[str, Any]]:
                  "us": per_op_us(lambda: bytearray(136), n)})
     rows.extend(_sigmask_rows(n))
     return rows
+
+
+def _ctypes_rows(pidfd: int, n: int) -> list[dict[str, Any]]:
+    """One cheap syscall (pidfd_send_signal, signal 0) through ctypes, three ways: what a
+    ctypes call costs around the kernel's own ~0.2 us."""
+    group = "a syscall through ctypes (pidfd_send_signal 0)"
+    with_errno = ctypes.CDLL(None, use_errno=True).syscall
+    with_errno.restype = ctypes.c_long
+    gil_held = ctypes.PyDLL(None).syscall
+    gil_held.restype = ctypes.c_long
+    c_int, c_uint = ctypes.c_int, ctypes.c_uint
+    return [
+        {"group": group, "name": "CDLL(use_errno=True), c_int-wrapped arguments",
+         "us": per_op_us(lambda: with_errno(424, c_int(pidfd), c_int(0), None, c_uint(0)), n)},
+        {"group": group, "name": "CDLL(use_errno=True), plain ints",
+         "us": per_op_us(lambda: with_errno(424, pidfd, 0, None, 0), n)},
+        {"group": group, "name": "PyDLL (GIL held, no errno swap), plain ints",
+         "us": per_op_us(lambda: gil_held(424, pidfd, 0, None, 0), n)},
+        {"group": group, "name": "os.getppid() (a syscall from C, for scale)",
+         "us": per_op_us(os.getppid, n)},
+    ]
+
+
+def _shipped_memory_rows(pid: int, addr: int, payload: bytes, n: int) -> list[dict[str, Any]]:
+    """fhmon's own wrappers (monitor/linux.py), next to the alternatives above."""
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from monitor import linux
+    except Exception as exc:  # a lever table must not die of it
+        return [{"group": "read target memory (136 B)",
+                 "name": f"fhmon linux.process_vm_read: unavailable ({exc})", "us": None}]
+    return [
+        {"group": "read target memory (136 B)", "name": "fhmon linux.process_vm_read (as shipped)",
+         "us": per_op_us(lambda: linux.process_vm_read(pid, addr, 136), n)},
+        {"group": "write target memory (136 B)",
+         "name": "fhmon linux.process_vm_write (as shipped)",
+         "us": per_op_us(lambda: linux.process_vm_write(pid, [(addr, payload)]), n)},
+    ]
 
 
 def _sigmask_rows(n: int) -> list[dict[str, Any]]:
