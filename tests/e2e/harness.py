@@ -119,7 +119,7 @@ def build_initrd(env: Env, out: Path, init: bytes, extra: dict[str, bytes] | Non
 
 # ------------------------------------------------------------------------------ processes
 
-def _cmdline(pid: int) -> str:
+def process_cmdline(pid: int) -> str:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -127,7 +127,7 @@ def _cmdline(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace")
 
 
-def _status(pid: int) -> dict[str, str]:
+def process_status(pid: int) -> dict[str, str]:
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
@@ -140,8 +140,8 @@ def pids_mentioning(needle: str) -> list[int]:
     me = os.getpid()
     out = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != me and needle in _cmdline(int(entry)):
-            if _status(int(entry)).get("State", "").startswith("Z"):
+        if entry.isdigit() and int(entry) != me and needle in process_cmdline(int(entry)):
+            if process_status(int(entry)).get("State", "").startswith("Z"):
                 continue
             out.append(int(entry))
     return out
@@ -165,7 +165,7 @@ def kill_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
 _ACCEL: str | None = None
 
 
-def _qemu_base(env: Env, accel: str, qemu: Sequence[str] = ()) -> list[str]:
+def qemu_base_argv(env: Env, accel: str, qemu: Sequence[str] = ()) -> list[str]:
     """QEMU (bookworm's, or the given argv prefix) with the guest's machine and shared memory."""
     cpu = "host" if accel == "kvm" else "max"
     return [*(qemu or [env.qemu]), "-machine", f"q35,accel={accel},memory-backend=mem", "-cpu", cpu,
@@ -179,7 +179,7 @@ def _probe(env: Env, accel: str, timeout: float) -> tuple[bool, str]:
     with tempfile.TemporaryDirectory(prefix="fhmon-e2e-probe-") as tmp:
         initrd = Path(tmp) / "probe.img"
         build_initrd(env, initrd, b"#!/bin/sh\necho FHMON-E2E-PROBE-OK\n/bin/busybox poweroff -f\n")
-        argv = [*_qemu_base(env, accel), "-serial", "stdio", "-kernel", env.kernel,
+        argv = [*qemu_base_argv(env, accel), "-serial", "stdio", "-kernel", env.kernel,
                 "-initrd", str(initrd), "-append", "console=ttyS0 panic=-1 quiet"]
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, process_group=0)
@@ -200,7 +200,7 @@ def qemu_starts(env: Env) -> tuple[bool, str]:
     It is started paused with QMP on stdio and told to quit; no guest is involved, so a broken
     kernel or initramfs can never be mistaken for "QEMU unavailable".
     """
-    argv = [*_qemu_base(env, "tcg"), "-S", "-qmp", "stdio"]
+    argv = [*qemu_base_argv(env, "tcg"), "-S", "-qmp", "stdio"]
     qmp = b'{"execute": "qmp_capabilities"}\n{"execute": "quit"}\n'
     try:
         proc = subprocess.run(argv, input=qmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -464,15 +464,15 @@ def run_scenario(
             return res
         for pid in pids_mentioning(f"--socket-path={rd.socket}"):
             # virtiofsd itself, not its wrapper: its argv[0] is trixie's loader.
-            if _cmdline(pid).startswith(env.ld_so + " "):
-                st = _status(pid)
+            if process_cmdline(pid).startswith(env.ld_so + " "):
+                st = process_status(pid)
                 res.virtiofsd_uid = " ".join(st.get("Uid", "").split())
                 res.virtiofsd_capeff = st.get("CapEff", "").strip()
         if on_virtiofsd_ready is not None:
             on_virtiofsd_ready(res)
 
         res.qemu_argv = [
-            *_qemu_base(env, accel),
+            *qemu_base_argv(env, accel),
             "-chardev", f"socket,id=vfs,path={rd.socket}",
             "-device", "vhost-user-fs-pci,chardev=vfs,tag=e2e",
             "-serial", f"file:{console_log}",
@@ -509,7 +509,7 @@ def run_scenario(
         # Everything this function started names the virtiofsd socket (virtiofsd, its wrapper,
         # QEMU's -chardev); a service the caller runs (fhmon serve) does not.
         for pid in pids_mentioning(str(rd.socket)):
-            res.leftovers.append(f"pid {pid}: {_cmdline(pid)[:300]}")
+            res.leftovers.append(f"pid {pid}: {process_cmdline(pid)[:300]}")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         res.virtiofsd_stderr = vfs_log.read_text(errors="replace") if vfs_log.exists() else ""

@@ -240,15 +240,15 @@ class _Run:
         if not side.virtiofsd_started:
             raise RuntimeError(f"virtiofsd ({side.name}) did not start")
         for pid in harness.pids_mentioning(f"--socket-path={sock}"):
-            if harness._cmdline(pid).startswith(self.env.ld_so + " "):
-                st = harness._status(pid)
+            if harness.process_cmdline(pid).startswith(self.env.ld_so + " "):
+                st = harness.process_status(pid)
                 side.virtiofsd_uid = " ".join(st.get("Uid", "").split())
                 side.virtiofsd_capeff = st.get("CapEff", "").strip()
 
     def start_qemu(self, side: Side, *extra: str) -> subprocess.Popen[bytes]:
         """Trixie's QEMU with the same machine on both sides; QMP on a socket of its own."""
         argv = [
-            *harness._qemu_base(self.env, self.res.accel, self.env.migration_qemu_argv()),
+            *harness.qemu_base_argv(self.env, self.res.accel, self.env.migration_qemu_argv()),
             "-chardev", f"socket,id=vfs,path={self.virtiofsd_socket(side)}",
             "-device", "vhost-user-fs-pci,chardev=vfs,tag=e2e",
             "-serial", f"file:{self.console_log(side)}",
@@ -372,7 +372,7 @@ def run_migration(env: harness.Env, rd: harness.RunDir, *, migration_args: Seque
     res.made_after = _read(rd.share / "cwd" / "made-after.txt")
     # Everything started here names the run folder on its command line.
     for pid in harness.pids_mentioning(str(rd.base)):
-        res.leftovers.append(f"pid {pid}: {harness._cmdline(pid)[:300]}")
+        res.leftovers.append(f"pid {pid}: {harness.process_cmdline(pid)[:300]}")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return res
