@@ -13,7 +13,7 @@ import os
 import struct
 import threading
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from protocol.kernel import PAGE_SIZE, split_page_ranges
 
@@ -78,15 +78,17 @@ def _check(result: int) -> int:
 
 
 class _Scratch(threading.local):
-    """Per-thread buffers reused by every call (the trio thread and any RECV worker)."""
+    """Per-thread buffers reused by every call (the trio thread and any RECV worker), with
+    their pointers prebuilt: a ctypes pointer object costs ~0.25 us to make."""
 
     def __init__(self) -> None:
         self.iov = ctypes.create_string_buffer(16 * _MAX_IOV)  # struct iovec[_MAX_IOV]
-        self.iov_addr = ctypes.addressof(self.iov)
+        self.iov_ptr = ctypes.c_void_p(ctypes.addressof(self.iov))
         self.local_iov = ctypes.create_string_buffer(16)
-        self.local_iov_addr = ctypes.addressof(self.local_iov)
-        self.data = ctypes.create_string_buffer(_DATA_SIZE)
-        self.data_addr = ctypes.addressof(self.data)
+        self.local_iov_ptr = ctypes.c_void_p(ctypes.addressof(self.local_iov))
+        self.data = bytearray(_DATA_SIZE)
+        self.data_addr = ctypes.addressof((ctypes.c_char * _DATA_SIZE).from_buffer(self.data))
+        self.data_view = memoryview(self.data)
         self.handle = ctypes.create_string_buffer(8 + 128)
         self.mnt = ctypes.create_string_buffer(8)
         self.statx = ctypes.create_string_buffer(256)
@@ -97,6 +99,18 @@ _DATA_SIZE: Final = 2 * PAGE_SIZE  # a PATH_MAX read, with room to spare
 _scratch = _Scratch()
 _IOV = struct.Struct("<QQ")
 _HANDLE_HEADER = struct.Struct("<Ii")
+
+
+def _iovecs(regions: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """One remote iovec per page touched: process_vm_readv/writev never split an iovec, so
+    this is what makes a short count say exactly where the accessible memory ends."""
+    ranges: list[tuple[int, int]] = []
+    for addr, length in regions:
+        if addr % PAGE_SIZE + length <= PAGE_SIZE:
+            ranges.append((addr, length))  # the common case, without the general split
+        else:
+            ranges.extend(split_page_ranges(addr, length))
+    return ranges
 
 
 def pidfd_open(pid: int, flags: int = 0) -> int:
@@ -121,7 +135,7 @@ def process_vm_read(pid: int, addr: int, length: int) -> bytes:
 def process_vm_read_regions(pid: int, regions: Sequence[tuple[int, int]]) -> bytes:
     """Read several (addr, length) regions in one call, concatenated: the readable prefix,
     which stops (page-exact) at the first page that cannot be read."""
-    ranges = [r for addr, length in regions for r in split_page_ranges(addr, length)]
+    ranges = _iovecs(regions)
     length = sum(size for _, size in ranges)
     if len(ranges) > _MAX_IOV or length > _DATA_SIZE:
         return _process_vm_read_large(pid, ranges, length)
@@ -130,17 +144,17 @@ def process_vm_read_regions(pid: int, regions: Sequence[tuple[int, int]]) -> byt
     for i, (start, size) in enumerate(ranges):
         _IOV.pack_into(iov, 16 * i, start, size)
     _IOV.pack_into(scratch.local_iov, 0, scratch.data_addr, length)
-    got = _syscall(SYS_PROCESS_VM_READV, pid, ctypes.c_void_p(scratch.local_iov_addr), 1,
-                   ctypes.c_void_p(scratch.iov_addr), len(ranges), None)
+    got = _syscall(SYS_PROCESS_VM_READV, pid, scratch.local_iov_ptr, 1, scratch.iov_ptr,
+                   len(ranges), None)
     if got < 0:
         err = _errno()
         if err == errno.EFAULT:  # on the first iovec: nothing readable
             return b""
         raise OSError(err, os.strerror(err))
-    return ctypes.string_at(scratch.data_addr, got)
+    return scratch.data_view[:got].tobytes()
 
 
-def _process_vm_read_large(pid: int, ranges: list[tuple[int, int]], length: int) -> bytes:
+def _process_vm_read_large(pid: int, ranges: Sequence[tuple[int, int]], length: int) -> bytes:
     buf = ctypes.create_string_buffer(length)
     iov = ctypes.create_string_buffer(16 * len(ranges))
     for i, (start, size) in enumerate(ranges):
@@ -159,16 +173,24 @@ def process_vm_write(pid: int, chunks: Sequence[tuple[int, bytes]]) -> int:
     """Write each (addr, data) in order in one call; returns the bytes written, which stop
     (page-exact) at the first page that cannot be written."""
     payload = b"".join(data for _, data in chunks)
-    if not payload:
+    size = len(payload)
+    if not size:
         return 0
-    ranges = [r for addr, data in chunks for r in split_page_ranges(addr, len(data))]
-    big = len(ranges) > _MAX_IOV
-    iov = ctypes.create_string_buffer(16 * len(ranges)) if big else _scratch.iov
-    for i, (start, size) in enumerate(ranges):
-        _IOV.pack_into(iov, 16 * i, start, size)
-    local = ctypes.create_string_buffer(payload, len(payload))
-    local_iov = _IOV.pack(ctypes.addressof(local), len(payload))
-    got = _syscall(SYS_PROCESS_VM_WRITEV, pid, local_iov, 1, iov, len(ranges), None)
+    ranges = _iovecs([(addr, len(data)) for addr, data in chunks])
+    scratch = _scratch
+    if len(ranges) > _MAX_IOV or size > _DATA_SIZE:
+        iov = ctypes.create_string_buffer(16 * len(ranges))
+        local = ctypes.create_string_buffer(payload, size)
+        local_iov: Any = _IOV.pack(ctypes.addressof(local), size)
+        remote_iov: Any = iov
+    else:
+        iov = scratch.iov
+        scratch.data[:size] = payload
+        _IOV.pack_into(scratch.local_iov, 0, scratch.data_addr, size)
+        local_iov, remote_iov = scratch.local_iov_ptr, scratch.iov_ptr
+    for i, (start, length) in enumerate(ranges):
+        _IOV.pack_into(iov, 16 * i, start, length)
+    got = _syscall(SYS_PROCESS_VM_WRITEV, pid, local_iov, 1, remote_iov, len(ranges), None)
     if got < 0:
         err = _errno()
         if err == errno.EFAULT:
