@@ -107,11 +107,13 @@ def ensure_env(timeout: float = 1800) -> Env:
 
 
 def build_initrd(env: Env, out: Path, init: bytes, extra: dict[str, bytes] | None = None) -> None:
-    """Base archive (busybox + modules) with /init and extra files appended as a second archive."""
+    """Base archive (busybox + modules) with /init, the guest scripts' shared check.sh and
+    extra files appended as a second archive."""
     shutil.copyfile(env.base_initramfs, out)
     with open(out, "ab") as fh:
         w = CpioWriter(fh)
         w.file("init", init, 0o755)
+        w.file("check.sh", (GUEST / "check.sh").read_bytes(), 0o644)
         for name, data in (extra or {}).items():
             w.file(name, data, 0o755)
         w.trailer()

@@ -214,6 +214,22 @@ def unpack(deb: Path, dest: Path) -> None:
     run(["dpkg", "-x", str(deb), str(dest)])
 
 
+def unpack_root(debs: Iterable[Path], root: Path) -> Path:
+    """dpkg -x every deb into root, unless root.stamp says exactly these debs are there."""
+    debs = list(debs)
+    stamp = root.with_name(root.name + ".stamp")
+    stamp_text = "\n".join(sorted(deb.name for deb in debs))
+    if stamp.exists() and stamp.read_text() == stamp_text:
+        log(f"already unpacked: {root}")
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    for deb in debs:
+        unpack(deb, root)
+    stamp.write_text(stamp_text)
+    return root
+
+
 def find_real_file(root: Path, name: str) -> Path:
     """A regular file called name under root; symlinks may be absolute and point at the host."""
     for dirpath, _dirs, files in os.walk(root):
@@ -233,17 +249,7 @@ def prepare_trixie(cache: Path, trixie: AptState) -> dict[str, str]:
     extra = names - set(TRIXIE_PACKAGES) - TRIXIE_UNNEEDED
     if extra:
         raise PrepareError(f"virtiofsd now depends on {sorted(extra)}: add them to TRIXIE_PACKAGES")
-    stamp_text = "\n".join(sorted(d.name for d in debs.values()))
-    root = cache / "trixie-root"
-    stamp = cache / "trixie-root.stamp"
-    if not stamp.exists() or stamp.read_text() != stamp_text:
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-        for deb in debs.values():
-            unpack(deb, root)
-        stamp.write_text(stamp_text)
-    else:
-        log(f"trixie root already unpacked: {root}")
+    root = unpack_root(debs.values(), cache / "trixie-root")
     ld = find_real_file(root, "ld-linux-x86-64.so.2")
     libdirs = sorted({str(p.parent) for p in root.rglob("*.so*")
                       if p.parent.name == "x86_64-linux-gnu"})
@@ -297,17 +303,7 @@ def prepare_trixie_qemu(cache: Path, trixie: AptState) -> dict[str, str]:
     debs_dir = cache / "debs" / "trixie"
     pkgs = trixie_qemu_packages(cache, trixie)
     debs = apt_download(pkgs, debs_dir, trixie.options, trixie.update)
-    stamp_text = "\n".join(sorted(d.name for d in debs.values()))
-    root = cache / "trixie-qemu-root"
-    stamp = cache / "trixie-qemu-root.stamp"
-    if not stamp.exists() or stamp.read_text() != stamp_text:
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-        for deb in debs.values():
-            unpack(deb, root)
-        stamp.write_text(stamp_text)
-    else:
-        log(f"trixie QEMU root already unpacked: {root}")
+    root = unpack_root(debs.values(), cache / "trixie-qemu-root")
     libdir = root / "usr" / "lib" / "x86_64-linux-gnu"
     ld = libdir / "ld-linux-x86-64.so.2"
     qemu = root / "usr" / "bin" / "qemu-system-x86_64"

@@ -5,24 +5,11 @@
 # held/data.txt (its first line already consumed, so the file offset must survive as well) and
 # fd 4 appends to journal.txt in the working directory, cwd/.  It then prints "ready" and blocks
 # reading the second serial port (ttyS1), so that no virtio-fs request is made while the host
-# migrates the VM; the host sends a line there once the destination runs.  Afterwards each check prints one
-# "FHMON-E2E-STEP name pass|fail" line and the script ends with one "FHMON-E2E-RESULT" line.
+# migrates the VM; the host sends a line there once the destination runs.  Afterwards each
+# check prints one "FHMON-E2E-STEP name pass|fail" line (check.sh) and the script ends with
+# one "FHMON-E2E-RESULT" line.
 share=$1
-PASSED=""
-FAILED=""
-
-check() {
-    name=$1
-    shift
-    if "$@" > /tmp/out 2>&1; then
-        PASSED="$PASSED,$name"
-        echo "FHMON-E2E-STEP $name pass"
-    else
-        FAILED="$FAILED,$name"
-        echo "FHMON-E2E-STEP $name fail"
-        echo "FHMON-E2E-ERR $name $(head -c 300 /tmp/out | tr '\n' ' ')"
-    fi
-}
+. /check.sh
 
 fail_early() {
     echo "FHMON-E2E-ERR $1"

@@ -6,21 +6,7 @@
 # needs read or write permission, so chmod 000 and execute-only directories are where the two
 # can differ.  Each check prints "FHMON-E2E-STEP <name> pass|fail" (same parser as workload.sh).
 cd "$1" || { echo "FHMON-E2E-RESULT status=fail failed=cd passed="; exit 1; }
-PASSED=""
-FAILED=""
-
-check() {
-    name=$1
-    shift
-    if "$@" > /tmp/out 2>&1; then
-        PASSED="$PASSED,$name"
-        echo "FHMON-E2E-STEP $name pass"
-    else
-        FAILED="$FAILED,$name"
-        echo "FHMON-E2E-STEP $name fail"
-        echo "FHMON-E2E-ERR $name $(head -c 200 /tmp/out | tr '\n' ' ')"
-    fi
-}
+. /check.sh
 
 mode_is() { [ "$(stat -c %a "$1")" = "$2" ]; }
 
