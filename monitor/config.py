@@ -42,6 +42,7 @@ class Config:
     drop_capabilities: bool = True
     recv_thread: bool = False
     dispatch_thread: bool = True
+    workers: int = 0
     sandbox: bool = False
 
     def to_toml(self) -> str:
@@ -179,6 +180,12 @@ def _validate(key: str, value: Any) -> Any:
             number = float(_expect(key, value, (int, float)))
             if not 0 < number <= 300:
                 raise ConfigError("config key 'registration_timeout': must be in (0, 300] s")
+            return number
+        case "workers":
+            number = _expect(key, value, int)
+            if not 0 <= number <= 64:
+                raise ConfigError("config key 'workers': must be in [0, 64] (0: fhmon serve "
+                                  "answers the calls itself)")
             return number
         case "max_connections" | "max_targets":
             number = _expect(key, value, int)

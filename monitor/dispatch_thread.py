@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from protocol import kernel
 
 if TYPE_CHECKING:
-    from monitor.server import Target
+    from monitor.calls import Target
 
 Answer = Callable[["Target", kernel.Notification], None]
 _HANGUP = select.EPOLLHUP | select.EPOLLERR

@@ -25,6 +25,15 @@ class CallStats:
     registrations: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def merge(self, results: dict[tuple[str, str], int], seconds: dict[str, float],
+              refusals: dict[str, int]) -> None:
+        """Add counts made elsewhere (a worker process's report)."""
+        with self.lock:
+            self.results.update(results)
+            for syscall, spent in seconds.items():
+                self.seconds[syscall] = self.seconds.get(syscall, 0.0) + spent
+            self.refusals.update(refusals)
+
     def as_dict(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         for (syscall, result), n in sorted(self.results.items()):

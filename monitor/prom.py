@@ -15,6 +15,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from monitor import log
 from monitor.handlers.base import CallContext
+from protocol import worker as wire
 
 if TYPE_CHECKING:
     from monitor.server import Service
@@ -54,19 +55,37 @@ class Metrics:
         self._histograms: dict[str, Histogram] = {}
 
     def observe(self, syscall: str, result: str, seconds: float, ctx: CallContext) -> None:
-        # The labelled children, found once: .labels() validates and locks on every call.
+        self._counter(syscall, result).inc()
+        self._histogram(syscall).observe(seconds)
+        if ctx.note:
+            self._refused(ctx.note, 1)
+
+    def merge(self, report: wire.Report) -> None:
+        """What a worker process answered since its last report."""
+        for (syscall, result), count in report.results.items():
+            self._counter(syscall, result).inc(count)
+        for syscall, seconds in report.samples:
+            self._histogram(syscall).observe(seconds)
+        for note, count in report.refusals.items():
+            self._refused(note, count)
+
+    # The labelled children, found once: .labels() validates and locks on every call.
+    def _counter(self, syscall: str, result: str) -> Counter:
         counter = self._call_counters.get((syscall, result))
         if counter is None:
             counter = self._call_counters[(syscall, result)] = self.calls.labels(syscall, result)
+        return counter
+
+    def _histogram(self, syscall: str) -> Histogram:
         histogram = self._histograms.get(syscall)
         if histogram is None:
             histogram = self._histograms[syscall] = self.latency.labels(syscall)
-        counter.inc()
-        histogram.observe(seconds)
-        if ctx.note:
-            if ctx.note == "bad or foreign MAC":
-                self.mac_failures.inc()
-            self.refusals.labels(ctx.note).inc()
+        return histogram
+
+    def _refused(self, note: str, count: int) -> None:
+        if note == "bad or foreign MAC":
+            self.mac_failures.inc(count)
+        self.refusals.labels(note).inc(count)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -22,6 +22,8 @@ ALLOWED = (
     "read", "pread64", "write", "pwrite64", "readv", "writev", "lseek", "getdents64", "dup",
     "dup2", "dup3", "statfs", "fstatfs", "access", "faccessat", "faccessat2", "kill",
     "tgkill", "tkill",
+    # worker processes (`workers = N`): started before the filter, reaped under it
+    "wait4", "waitid",
     # the intake socket, the keeper, metrics over TCP
     "socket", "socketpair", "bind", "listen", "accept", "accept4", "connect", "recvmsg",
     "sendmsg", "recvfrom", "sendto", "getsockopt", "setsockopt", "getsockname",

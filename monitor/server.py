@@ -21,58 +21,31 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
 from monitor import fdpass, log
+from monitor.calls import Answerer, PeerCred, Target
 from monitor.config import Config
 from monitor.credentials import acting_as
 from monitor.dispatch_thread import DispatchThread
-from monitor.handlers.base import CallContext
-from monitor.handlers.registry import Dispatcher, syscall_name
+from monitor.handlers.registry import Dispatcher
 from monitor.linux import kcmp_same_file
 from monitor.listener import Listener, is_seccomp_listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
-from monitor.policy import RegistrationRefused, Share, pin_share
+from monitor.policy import RegistrationRefused, pin_share
 from monitor.prom import Metrics
 from monitor.signing import KeyDirError, KeyRing
-from monitor.target import Credentials, TargetThread, ThreadCache, read_status
+from monitor.target import Credentials, read_status
+from monitor.worker import WorkerProcess
 from protocol import keeper as keeper_wire
-from protocol import kernel, native, oci
+from protocol import native, oci
+from protocol import worker as worker_wire
 
 MAX_FDS_PER_MESSAGE = 16
 _WAKE = signal.SIGUSR1  # interrupts a worker thread's RECV
 RECV_CHUNK = 64 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class PeerCred:
-    pid: int
-    uid: int
-    gid: int
-
-
-@dataclass
-class Target:
-    """One registered listener and the share it is confined to."""
-
-    target_id: int
-    listener: Listener
-    share: Share
-    pid: int
-    peer: PeerCred
-    convention: str
-    registered_at: float = field(default_factory=time.time)
-    calls: int = 0
-    threads: ThreadCache = field(default_factory=ThreadCache)
-
-    def describe(self) -> dict[str, Any]:
-        return {"id": self.target_id, "pid": self.pid, "share": self.share.host_path,
-                "share_in_target": self.share.target_path, "convention": self.convention,
-                "peer_uid": self.peer.uid, "peer_pid": self.peer.pid, "calls": self.calls,
-                "registered_at": self.registered_at}
 
 
 class Service:
@@ -86,10 +59,12 @@ class Service:
         self.metrics = Metrics(self)
         self.dispatcher = Dispatcher([metrics_middleware(self.stats, [self.metrics.observe]),
                                       audit_middleware(self.stats)])
+        self._answer = Answerer(self.dispatcher, lambda: self.keys, config.signing)
         self.started = time.time()
         self.key_error: str | None = None
         self.activated = False  # the socket came from systemd: leave it in place
         self._dispatch: DispatchThread | None = None
+        self._workers: list[WorkerProcess] = []
 
     # --- keys -------------------------------------------------------------------------
     def reload_keys(self) -> bool:
@@ -102,6 +77,8 @@ class Service:
         changed = (ring.key_ids, ring.signer) != (self.keys.key_ids, self.keys.signer)
         self.keys = ring  # one reference swap: every call sees the old ring or the new one
         self.key_error = None
+        for worker in self._workers:
+            worker.reload_keys()  # each loads the directory itself
         if changed:
             log.event("keys_reloaded", keys=[f"{k:08x}" for k in ring.key_ids],
                       signer=f"{ring.signer:08x}")
@@ -193,20 +170,26 @@ class Service:
         if self.config.recv_thread:
             signal.signal(_WAKE, lambda *_: None)  # interrupt RECV without killing us
         sock = self.prepare_socket()
-        if self.config.drop_capabilities:
-            from monitor.hardening import drop_capabilities
-
-            log.event("capabilities", kept=drop_capabilities())
-        if self.config.sandbox:
-            from monitor import sandbox
-
-            log.event("sandbox", rules=sandbox.install())
-        if self.config.dispatch_thread and not self.config.recv_thread:
-            self._dispatch = DispatchThread(self._answer)
         try:
+            # Before the sandbox: it allows no execve.
+            for _ in range(self.config.workers):
+                self._workers.append(await WorkerProcess.spawn(self._worker_start()))
+            if self.config.drop_capabilities:
+                from monitor.hardening import drop_capabilities
+
+                log.event("capabilities", kept=drop_capabilities())
+            if self.config.sandbox:
+                from monitor import sandbox
+
+                log.event("sandbox", rules=sandbox.install())
+            if (self.config.dispatch_thread and not self.config.recv_thread
+                    and not self._workers):
+                self._dispatch = DispatchThread(self._answer)
             async with trio.open_nursery() as nursery:
                 if self._dispatch is not None:
                     nursery.start_soon(self._run_dispatch_thread, self._dispatch)
+                for worker in self._workers:
+                    nursery.start_soon(self._supervise_worker, worker)
                 nursery.start_soon(self.watch_keys)
                 nursery.start_soon(self.sweep_threads)
                 if self.config.metrics_address:
@@ -235,6 +218,9 @@ class Service:
                     nursery.start_soon(self._connection, conn, nursery)
         finally:
             sock.close()
+            for worker in self._workers:
+                await worker.stop()
+            self._workers.clear()
             if self._dispatch is not None:
                 self._dispatch.close()
                 self._dispatch = None
@@ -521,7 +507,43 @@ class Service:
             finally:
                 nursery.cancel_scope.cancel()
 
+    # --- worker processes (workers = N) ---------------------------------------------------
+    def _worker_start(self) -> worker_wire.Start:
+        c = self.config
+        return worker_wire.Start(c.key_dir, c.signing, c.log_level, c.drop_capabilities,
+                                 c.sandbox)
+
+    async def _supervise_worker(self, worker: WorkerProcess) -> None:
+        """A worker must live as long as the service: if one ends, the service stops (its
+        calls in flight are recovered by `fhmon launch`, as after any restart)."""
+        await worker.reports(self._merge_report)
+        code = await worker.process.wait()
+        log.event("worker_died", logging.ERROR, pid=worker.process.pid, returncode=code)
+        raise RuntimeError(f"worker process {worker.process.pid} ended (status {code})")
+
+    def _merge_report(self, report: worker_wire.Report) -> None:
+        self.stats.merge(report.results, report.seconds, report.refusals)
+        self.metrics.merge(report)
+        for target_id, calls in report.calls.items():
+            target = self.targets.get(target_id)
+            if target is not None:
+                target.calls += calls
+
+    async def _serve_target_by_workers(self, target: Target) -> None:
+        """The workers answer the calls, each from its own copies of the fds; this task
+        only notices the hang-up (never RECV here: a notification must go to a worker)."""
+        try:
+            for worker in self._workers:
+                worker.add(target)
+            while not target.listener.hung_up():
+                await trio.sleep(0.25)
+        finally:
+            self._release(target)
+
     async def _serve_target(self, target: Target) -> None:
+        if self._workers:
+            await self._serve_target_by_workers(target)
+            return
         if self.config.recv_thread:
             await self._serve_target_in_thread(target)
             return
@@ -562,35 +584,8 @@ class Service:
     def _release(self, target: Target) -> None:
         """Forget a target whose filter has no task left (or that we stop serving)."""
         del self.targets[target.target_id]
-        target.threads.close()
-        target.listener.close()
-        target.share.close()
+        target.close()
         log.event("target_gone", target=target.target_id, pid=target.pid, calls=target.calls)
-
-    def _answer(self, target: Target, notif: kernel.Notification) -> None:
-        target.calls += 1
-        thread = TargetThread(target.listener, notif, target.threads)
-        if target.peer.uid != 0 and not self._owned_by_peer(target, thread):
-            return
-        ctx = CallContext(target.listener, notif, thread, target.share, self.keys,
-                          self.config.signing, target.target_id)
-        self.dispatcher.dispatch(ctx)
-
-    def _owned_by_peer(self, target: Target, thread: TargetThread) -> bool:
-        """An unprivileged client registered this listener: serve only processes of its own
-        uid (the kernel cannot tell fhmon whose filter a listener is before a call comes).
-        Another uid's call is answered EPERM, as without fhmon."""
-        try:
-            uid = thread.status.uid
-        except Exception:
-            return False  # gone
-        if uid == target.peer.uid:
-            return True
-        log.audit("call_refused", syscall=syscall_name(thread.notif.nr), errno="EPERM",
-                  reason=f"caller uid {uid} is not the registering client's uid "
-                  f"{target.peer.uid}", tid=thread.tid, target=target.target_id)
-        target.listener.respond(thread.notif.id, error=errno.EPERM)
-        return False
 
     async def _serve_target_in_thread(self, target: Target) -> None:
         """One OS thread per listener, asleep in RECV (the kernel's same-CPU wake-up hint
@@ -631,6 +626,7 @@ class Service:
                 "counters": self.stats.as_dict(),
                 "keys": [f"{k:08x}" for k in self.keys.key_ids],
                 "signer": f"{self.keys.signer:08x}", "pid": os.getpid(),
+                "workers": [w.process.pid for w in self._workers],
                 "fds": len(os.listdir("/proc/self/fd"))}
 
 

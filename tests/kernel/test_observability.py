@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import FHMON, Agent, Service, World
+from tests.conftest import FHMON, Agent, Service, World, wait_until
 from tests.handles import N2HResult
 
 
@@ -44,7 +44,19 @@ def test_metrics_logs_and_status(world: World) -> None:
         agent.call("obh", handle_type=h.handle_type, f_handle=(b"\0" * 28).hex())
         agent.call("n2h", path="../../outside/secret")
         agent.call("n2h", path="missing")
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        url = f"http://127.0.0.1:{port}/metrics"
+        scraped: list[str] = []
+
+        def counted() -> bool:  # with worker processes, counts arrive with their reports
+            scraped.append(urllib.request.urlopen(url, timeout=5).read().decode())
+            try:
+                return metric(scraped[-1], "fhmon_calls_total", syscall="name_to_handle_at",
+                              result="ENOENT") >= 1
+            except AssertionError:
+                return False
+
+        wait_until(counted, timeout=5)
+        text = scraped[-1]
         assert metric(text, "fhmon_calls_total", syscall="name_to_handle_at", result="ok") >= 1
         assert metric(text, "fhmon_calls_total", syscall="open_by_handle_at", result="ok") >= 10
         assert metric(text, "fhmon_calls_total", syscall="name_to_handle_at",

@@ -19,7 +19,7 @@ FAST = settings(max_examples=200, deadline=None)
 ALL_KEYS = ["allow", "dispatch_thread", "drop_capabilities", "keeper_socket", "key_dir",
             "log_level", "max_connections", "max_targets", "metrics_address", "recv_thread",
             "registration_timeout", "sandbox", "signing", "socket", "socket_group",
-            "socket_mode", "socket_owner", "state_dir", "sync_wakeup"]
+            "socket_mode", "socket_owner", "state_dir", "sync_wakeup", "workers"]
 
 
 def _apply(values: dict[str, Any]) -> Config:
@@ -238,6 +238,18 @@ def test_counts(key: str) -> None:
             _apply({key: bad})
 
 
+def test_workers() -> None:
+    assert _apply({}).workers == 0
+    for good in (0, 1, 64):
+        assert _apply({"workers": good}).workers == good
+    for bad in (-1, 65):
+        with pytest.raises(ConfigError, match=r"'workers': must be in \[0, 64\]"):
+            _apply({"workers": bad})
+    for wrong in (True, "2", 2.0):
+        with pytest.raises(ConfigError, match="'workers': expected int"):
+            _apply({"workers": wrong})
+
+
 @pytest.mark.parametrize("value", ["127.0.0.1:9090", "[::1]:9090", ":9090", "localhost:1", ""])
 def test_metrics_address(value: str) -> None:
     assert _apply({"metrics_address": value}).metrics_address == value
@@ -328,6 +340,7 @@ def test_to_toml_default_text() -> None:
         "drop_capabilities = true\n"
         "recv_thread = false\n"
         "dispatch_thread = true\n"
+        "workers = 0\n"
         "sandbox = false\n")
 
 

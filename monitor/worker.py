@@ -1,0 +1,285 @@
+"""Worker processes: more CPUs answering calls (`workers = N` in the configuration).
+
+Why processes: answering a call is Python that holds the GIL, so threads of one process
+cannot answer calls in parallel (a pool of dispatch threads was measured, and lost; see
+docs/performance.md). Each worker holds its own copies of every listener and share fd and
+receives from the listeners like any holder of a listener may (the kernel gives each
+notification to exactly one reader); it answers with the same code as `fhmon serve`
+(monitor.calls.Answerer) on its own dispatch thread. `fhmon serve` keeps registration, the
+keeper, the metrics endpoint and the key watcher: it sends each worker every new target
+and every key change (protocol/worker.py), and merges what the workers report into its own
+counters and metrics.
+
+A worker ends when its control socket reaches EOF, that is when `fhmon serve` closes it
+or dies (even by SIGKILL: the kernel closes a dead process's fds), or on SIGTERM: it
+finishes the call it is answering, then exits, so a hard kill of `fhmon serve` alone never
+interrupts an fd injection. (Not PR_SET_PDEATHSIG: it fires when the parent *thread* ends,
+and trio starts processes from a short-lived thread.) If a worker dies, `fhmon serve` stops
+(and `fhmon launch` recovers the calls it held, as after any restart).
+
+    python -m monitor.worker CONTROL_FD     (started by `fhmon serve`, never by hand)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import trio
+
+from monitor import fdpass, log
+from monitor.calls import Answerer, PeerCred, Target
+from monitor.dispatch_thread import DispatchThread
+from monitor.handlers.base import CallContext
+from monitor.handlers.registry import Dispatcher
+from monitor.listener import Listener
+from monitor.metrics import CallStats, audit_middleware, metrics_middleware
+from monitor.policy import Share
+from monitor.signing import KeyDirError, KeyRing
+from protocol import worker as wire
+
+REPORT_INTERVAL = 0.5  # seconds between reports to fhmon serve
+
+
+class _Samples:
+    """The metrics observer of a worker: latency samples and per-call bookkeeping, handed
+    to fhmon serve in each report."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.samples: list[tuple[str, float]] = []
+
+    def observe(self, syscall: str, result: str, seconds: float, ctx: CallContext) -> None:
+        with self.lock:
+            if len(self.samples) < wire.MAX_SAMPLES:
+                self.samples.append((syscall, seconds))
+
+    def take(self) -> list[tuple[str, float]]:
+        with self.lock:
+            samples, self.samples = self.samples, []
+        return samples
+
+
+class Worker:
+    def __init__(self, control: socket.socket, start: wire.Start, keys: KeyRing) -> None:
+        self.control = control
+        self.start = start
+        self.keys = keys
+        self.stats = CallStats()
+        self.samples = _Samples()
+        dispatcher = Dispatcher([metrics_middleware(self.stats, [self.samples.observe]),
+                                 audit_middleware(self.stats)])
+        self.dispatch = DispatchThread(Answerer(dispatcher, lambda: self.keys, start.signing))
+        self.targets: dict[int, Target] = {}
+        self._reported_calls: dict[int, int] = {}
+
+    def run(self) -> None:
+        thread = threading.Thread(target=self.dispatch.run, name="fhmon-worker-dispatch")
+        thread.start()
+        try:
+            self._control_loop()
+        finally:
+            self.dispatch.stop()
+            thread.join()
+            with contextlib.suppress(OSError):
+                self._report()
+            for target in list(self.targets.values()):
+                self.dispatch.remove(target)
+                target.close()
+            self.dispatch.close()
+
+    def _control_loop(self) -> None:
+        self.control.settimeout(REPORT_INTERVAL)
+        due = time.monotonic() + REPORT_INTERVAL
+        while True:
+            try:
+                data, fds, _ = fdpass.recv_fds(self.control, wire.MAX_MESSAGE,
+                                               wire.ADD_TARGET_FDS)
+            except TimeoutError:
+                data, fds = None, []
+            if data == b"":
+                return  # fhmon serve closed the control socket: stop
+            if data is not None:
+                self._handle(wire.decode(data), fds)
+            if time.monotonic() >= due:
+                self._report()
+                due = time.monotonic() + REPORT_INTERVAL
+
+    def _handle(self, message: wire.Message, fds: list[int]) -> None:
+        if isinstance(message, wire.AddTarget) and len(fds) == wire.ADD_TARGET_FDS:
+            self._add(message, fds)
+            return
+        for fd in fds:
+            os.close(fd)
+        if isinstance(message, wire.ReloadKeys):
+            try:
+                self.keys = KeyRing.load(self.start.key_dir)
+            except KeyDirError as exc:
+                log.event("worker_keys_reload_failed", logging.ERROR, error=str(exc))
+        else:
+            raise wire.WorkerProtocolError(f"unexpected {type(message).__name__}")
+
+    def _add(self, message: wire.AddTarget, fds: list[int]) -> None:
+        listener_fd, path_fd, dir_fd = fds
+        s = message.share
+        share = Share(path_fd, dir_fd, s.mount_id, s.dev, s.ino, s.share_id, s.host_path,
+                      s.target_path, s.is_mount_root)
+        target = Target(message.target_id, Listener(listener_fd), share, message.pid,
+                        PeerCred(message.peer_pid, message.peer_uid, message.peer_gid),
+                        message.convention)
+        self.targets[target.target_id] = target
+
+        def gone() -> None:  # on the dispatch thread, which no longer serves it
+            self.targets.pop(target.target_id, None)
+            target.close()
+
+        self.dispatch.add(target, gone)
+
+    def _report(self) -> None:
+        report = wire.Report(samples=self.samples.take())
+        with self.stats.lock:
+            report.results = dict(self.stats.results)
+            report.seconds = dict(self.stats.seconds)
+            report.refusals = dict(self.stats.refusals)
+            self.stats.results.clear()
+            self.stats.seconds.clear()
+            self.stats.refusals.clear()
+        for target_id, target in list(self.targets.items()):
+            new = target.calls - self._reported_calls.get(target_id, 0)
+            if new:
+                report.calls[target_id] = new
+                self._reported_calls[target_id] = target.calls
+        for target_id in list(self._reported_calls):
+            if target_id not in self.targets:
+                del self._reported_calls[target_id]
+        if not report.empty() or report.samples:
+            self.control.sendall(wire.encode(report))
+
+
+def _stop_on_signal(control: socket.socket) -> None:
+    """SIGTERM: shut the control socket down, so that the control loop reads EOF and the
+    worker stops after the call its dispatch thread may be answering."""
+
+    def handler(*_: object) -> None:
+        with contextlib.suppress(OSError):
+            control.shutdown(socket.SHUT_RDWR)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or not argv[0].isdigit():
+        print("usage: python -m monitor.worker CONTROL_FD (started by fhmon serve)",
+              file=sys.stderr)
+        return 2
+    control = socket.socket(fileno=int(argv[0]))
+    _stop_on_signal(control)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C goes to fhmon serve
+    if os.getppid() == 1:
+        return 1  # fhmon serve is already gone
+    control.settimeout(10)
+    try:
+        start = wire.decode(control.recv(wire.MAX_MESSAGE))
+    except (OSError, wire.WorkerProtocolError) as exc:
+        print(f"fhmon worker: no start message: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(start, wire.Start):
+        print("fhmon worker: the first message was not a start message", file=sys.stderr)
+        return 2
+    log.setup(start.log_level)
+    try:
+        keys = KeyRing.load(start.key_dir)
+    except KeyDirError as exc:
+        log.event("worker_failed", logging.ERROR, error=str(exc))
+        return 2
+    if start.drop_capabilities:
+        from monitor.hardening import drop_capabilities
+
+        drop_capabilities()
+    if start.sandbox:
+        from monitor import sandbox
+
+        sandbox.install()
+    log.event("worker_serving", pid=os.getpid())
+    Worker(control, start, keys).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+# --- fhmon serve's end -------------------------------------------------------------------
+
+class WorkerProcess:
+    """`fhmon serve`'s end of one worker: the process and its control socket."""
+
+    def __init__(self, process: trio.Process, control: socket.socket) -> None:
+        self.process = process
+        self.control = control
+
+    @classmethod
+    async def spawn(cls, start: wire.Start) -> WorkerProcess:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "monitor.worker", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.sendall(wire.encode(start))
+        ours.setblocking(False)
+        return cls(process, ours)
+
+    def add(self, target: Target) -> None:
+        s = target.share
+        message = wire.AddTarget(
+            target.target_id, target.pid, target.peer.pid, target.peer.uid, target.peer.gid,
+            target.convention, wire.ShareInfo(s.mount_id, s.dev, s.ino, s.share_id,
+                                              s.host_path, s.target_path, s.is_mount_root))
+        self._send(wire.encode(message), [target.listener.fd, s.path_fd, s.dir_fd])
+
+    def reload_keys(self) -> None:
+        self._send(wire.encode(wire.ReloadKeys()))
+
+    def _send(self, data: bytes, fds: list[int] | None = None) -> None:
+        # Small messages on a socket the worker always reads: blocking briefly is fine.
+        self.control.setblocking(True)
+        try:
+            self.control.sendmsg([data], fdpass.rights(fds) if fds else [])
+        finally:
+            self.control.setblocking(False)
+
+    async def reports(self, merge: Callable[[wire.Report], None]) -> None:
+        """Merge every report until the worker closes its end."""
+        while True:
+            await trio.lowlevel.wait_readable(self.control)
+            try:
+                data = self.control.recv(wire.MAX_MESSAGE)
+            except BlockingIOError:
+                continue
+            if not data:
+                return
+            message = wire.decode(data)
+            if isinstance(message, wire.Report):
+                merge(message)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Close the control socket (the worker finishes its call and exits), then wait."""
+        self.control.close()
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(grace):
+                await self.process.wait()
+            if self.process.returncode is None:
+                self.process.kill()
+                await self.process.wait()

@@ -1,0 +1,165 @@
+"""Messages between `fhmon serve` and its worker processes (sans-IO: bytes in, objects out).
+
+One JSON object per SOCK_SEQPACKET message, with "op" naming it; fds travel as SCM_RIGHTS
+beside the message that says what they are. Both ends are fhmon's own processes, so the
+checks here are for robustness (a clear error instead of a crash), not a trust boundary.
+
+    serve -> worker   Start      the worker's settings (once, first)
+                      AddTarget  a registered listener: fds = [listener, share O_PATH fd,
+                                 share directory fd]
+                      ReloadKeys the key directory changed: load it again
+    worker -> serve   Report     what the worker answered since its last report
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+MAX_MESSAGE: Final = 160 * 1024  # below a unix socket's default send buffer (~208 KiB)
+MAX_SAMPLES: Final = 15_000  # per report, ~75 KiB; beyond it samples drop, counts stay exact
+ADD_TARGET_FDS: Final = 3
+
+
+class WorkerProtocolError(ValueError):
+    """A message that is not one of these."""
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    key_dir: str
+    signing: bool
+    log_level: str
+    drop_capabilities: bool
+    sandbox: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ShareInfo:
+    mount_id: int
+    dev: int
+    ino: int
+    share_id: bytes
+    host_path: str
+    target_path: str
+    is_mount_root: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AddTarget:
+    target_id: int
+    pid: int
+    peer_pid: int
+    peer_uid: int
+    peer_gid: int
+    convention: str
+    share: ShareInfo
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadKeys:
+    pass
+
+
+@dataclass(slots=True)
+class Report:
+    """Counts since the last report; samples are (syscall, seconds) of answered calls."""
+
+    results: dict[tuple[str, str], int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)
+    calls: dict[int, int] = field(default_factory=dict)  # by target id
+    samples: list[tuple[str, float]] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.results or self.refusals or self.calls)
+
+
+Message = Start | AddTarget | ReloadKeys | Report
+
+
+def encode(message: Message) -> bytes:
+    match message:
+        case Start():
+            body: dict[str, Any] = {"op": "start", "key_dir": message.key_dir,
+                                    "signing": message.signing, "log_level": message.log_level,
+                                    "drop_capabilities": message.drop_capabilities,
+                                    "sandbox": message.sandbox}
+        case AddTarget():
+            s = message.share
+            body = {"op": "add", "target_id": message.target_id, "pid": message.pid,
+                    "peer": [message.peer_pid, message.peer_uid, message.peer_gid],
+                    "convention": message.convention,
+                    "share": {"mount_id": s.mount_id, "dev": s.dev, "ino": s.ino,
+                              "share_id": s.share_id.hex(), "host_path": s.host_path,
+                              "target_path": s.target_path, "is_mount_root": s.is_mount_root}}
+        case ReloadKeys():
+            body = {"op": "keys"}
+        case Report():
+            body = {"op": "report",
+                    "results": [[sc, res, n] for (sc, res), n in message.results.items()],
+                    "seconds": message.seconds, "refusals": message.refusals,
+                    "calls": [[tid, n] for tid, n in message.calls.items()],
+                    "samples": _encode_samples(message.samples)}
+    data = json.dumps(body, separators=(",", ":")).encode()
+    if len(data) > MAX_MESSAGE:
+        raise WorkerProtocolError(f"message of {len(data)} bytes is over {MAX_MESSAGE}")
+    return data
+
+
+def decode(data: bytes) -> Message:
+    try:
+        body = json.loads(data)
+        op = body["op"]
+        if op == "start":
+            return Start(_str(body["key_dir"]), _bool(body["signing"]),
+                         _str(body["log_level"]), _bool(body["drop_capabilities"]),
+                         _bool(body["sandbox"]))
+        if op == "add":
+            s = body["share"]
+            peer_pid, peer_uid, peer_gid = (_int(v) for v in body["peer"])
+            share = ShareInfo(_int(s["mount_id"]), _int(s["dev"]), _int(s["ino"]),
+                              bytes.fromhex(_str(s["share_id"])), _str(s["host_path"]),
+                              _str(s["target_path"]), _bool(s["is_mount_root"]))
+            return AddTarget(_int(body["target_id"]), _int(body["pid"]), peer_pid, peer_uid,
+                             peer_gid, _str(body["convention"]), share)
+        if op == "keys":
+            return ReloadKeys()
+        if op == "report":
+            return Report(
+                {(_str(sc), _str(res)): _int(n) for sc, res, n in body["results"]},
+                {_str(sc): float(sec) for sc, sec in body["seconds"].items()},
+                {_str(note): _int(n) for note, n in body["refusals"].items()},
+                {_int(tid): _int(n) for tid, n in body["calls"]},
+                [(_str(sc), _int(t) / 1e7) for sc, ticks in body["samples"].items()
+                 for t in ticks])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise WorkerProtocolError(f"malformed worker message: {exc}") from None
+    raise WorkerProtocolError(f"unknown worker message {op!r}")
+
+
+def _encode_samples(samples: list[tuple[str, float]]) -> dict[str, list[int]]:
+    """Latencies by syscall in 100 ns units: ~4 bytes a sample on the wire."""
+    out: dict[str, list[int]] = {}
+    for syscall, seconds in samples[:MAX_SAMPLES]:
+        out.setdefault(syscall, []).append(round(seconds * 1e7))
+    return out
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected a boolean, got {type(value).__name__}")
+    return value

@@ -1,0 +1,118 @@
+"""`workers = N`: worker processes answer the calls; fhmon serve registers and reports.
+
+The whole kernel suite also passes with FHMON_TEST_CONFIG pointing at `workers = 2`; these
+tests pin down what is particular to workers: that they answer, report their counts, let
+go of a target's fds when it ends, keep only fhmon's capabilities, and live exactly as long
+as fhmon serve.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Agent, Service, World, wait_until
+from tests.handles import N2HResult
+
+KEPT_CAPS = sum(1 << c for c in (2, 5, 6, 7, 19))  # as test_observability checks for serve
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture()
+def workers_service(world: World, tmp_path: Path) -> Service:
+    config = tmp_path / "workers.toml"
+    config.write_text("workers = 2\n")
+    config.chmod(0o644)
+    return Service(world.base, [str(world.shares / "*")], name=f"workers-{tmp_path.name}",
+                   extra=["--config", str(config)])
+
+
+def test_workers_answer_and_report(world: World, workers_service: Service) -> None:
+    service = workers_service
+    agent = Agent(world, "fhmon", world.main, service.socket)
+    try:
+        status = service.status()
+        workers = status["workers"]
+        assert len(workers) == 2 and service.pid not in workers
+        for pid in workers:
+            fields = dict(line.split(":", 1) for line in
+                          Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+            assert int(fields["PPid"]) == service.pid
+            assert int(fields["CapEff"], 16) == KEPT_CAPS
+        h = N2HResult.of(agent.call("n2h", path="file"))
+        assert h.errno == 0
+        for _ in range(20):
+            assert agent.call("obh", handle_type=h.handle_type,
+                              f_handle=h.f_handle.hex())["errno"] == 0
+        forged = bytes(len(h.f_handle))
+        assert agent.call("obh", handle_type=h.handle_type,
+                          f_handle=forged.hex())["errno"] == errno.ESTALE
+
+        def reported() -> bool:
+            counters = service.status()["counters"]
+            return (counters.get("open_by_handle_at", {}).get("ok") == 20
+                    and counters.get("open_by_handle_at", {}).get("ESTALE") == 1
+                    and counters.get("name_to_handle_at", {}).get("ok") == 1)
+
+        # serve answers nothing itself in this mode: these counts can only come from reports
+        assert wait_until(reported, timeout=5), service.status()
+        target = service.status()["targets"][0]
+        assert target["calls"] == 22
+    finally:
+        agent.close()
+        assert service.stop() == 0, service.log_text()[-3000:]
+
+
+def test_workers_let_go_of_a_finished_target(world: World, workers_service: Service) -> None:
+    service = workers_service
+    workers = service.status()["workers"]
+    before = {pid: fd_count(pid) for pid in workers}
+    agent = Agent(world, "fhmon", world.main, service.socket)
+    try:
+        assert N2HResult.of(agent.call("n2h", path="dir/inner")).errno == 0
+        # each worker holds the listener and the share's two fds (and a pidfd per thread)
+        assert wait_until(lambda: all(fd_count(p) >= before[p] + 3 for p in workers))
+    finally:
+        agent.close()
+    assert wait_until(lambda: all(fd_count(p) == before[p] for p in workers)), (
+        before, {p: fd_count(p) for p in workers})
+    assert service.stop() == 0
+
+
+def test_a_dead_worker_stops_the_service(workers_service: Service) -> None:
+    service = workers_service
+    victim = service.status()["workers"][0]
+    os.kill(victim, signal.SIGKILL)
+    assert service.proc is not None
+    code = service.proc.wait(timeout=15)
+    assert code != 0
+    died = [e for e in service.events() if e.get("event") == "worker_died"]
+    assert died and died[0]["pid"] == victim
+    service.stop()
+
+
+def test_workers_end_with_serve_even_when_it_is_killed(workers_service: Service) -> None:
+    service = workers_service
+    workers = service.status()["workers"]
+    service.stop(signal.SIGKILL)
+    # the kernel closes the dead serve's end of each control socket: EOF ends the worker
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(p) for p in workers)

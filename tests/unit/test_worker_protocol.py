@@ -1,0 +1,82 @@
+"""protocol/worker.py: the messages between fhmon serve and its workers, without sockets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocol import worker as wire
+
+NAMES = st.text(min_size=1, max_size=40)
+COUNTS = st.integers(0, 2**40)
+
+
+def share(**kw: object) -> wire.ShareInfo:
+    values: dict[str, object] = {"mount_id": 2**40 + 7, "dev": 2049, "ino": 12,
+                                 "share_id": bytes(range(32)), "host_path": "/srv/é/a",
+                                 "target_path": "/a", "is_mount_root": False}
+    values.update(kw)
+    return wire.ShareInfo(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("message", [
+    wire.Start("/etc/fhmon/keys", True, "info", True, False),
+    wire.AddTarget(3, 4242, 4240, 0, 0, "native", share()),
+    wire.AddTarget(2**31, 1, 1, 65534, 65534, "oci", share(is_mount_root=True, share_id=b"")),
+    wire.ReloadKeys(),
+    wire.Report(),
+])
+def test_round_trip(message: wire.Message) -> None:
+    assert wire.decode(wire.encode(message)) == message
+
+
+@given(results=st.dictionaries(st.tuples(NAMES, NAMES), COUNTS, max_size=8),
+       seconds=st.dictionaries(NAMES, st.floats(0, 1e6), max_size=4),
+       refusals=st.dictionaries(NAMES, COUNTS, max_size=4),
+       calls=st.dictionaries(st.integers(1, 2**31), COUNTS, max_size=4),
+       samples=st.lists(st.tuples(st.sampled_from(["name_to_handle_at", "open_by_handle_at"]),
+                                  st.floats(0, 10)), max_size=50))
+def test_report_round_trip(results: dict[tuple[str, str], int], seconds: dict[str, float],
+                           refusals: dict[str, int], calls: dict[int, int],
+                           samples: list[tuple[str, float]]) -> None:
+    report = wire.decode(wire.encode(wire.Report(results, seconds, refusals, calls, samples)))
+    assert isinstance(report, wire.Report)
+    assert (report.results, report.seconds, report.refusals, report.calls) == (
+        results, seconds, refusals, calls)
+    # latencies travel in 100 ns units, grouped by syscall
+    expected = sorted((sc, round(sec * 1e7)) for sc, sec in samples)
+    assert sorted((sc, round(sec * 1e7)) for sc, sec in report.samples) == expected
+
+
+def test_samples_are_capped_and_fit_a_message() -> None:
+    samples = [("open_by_handle_at", 0.000123)] * (wire.MAX_SAMPLES + 500)
+    data = wire.encode(wire.Report(samples=samples))
+    assert len(data) <= wire.MAX_MESSAGE
+    report = wire.decode(data)
+    assert isinstance(report, wire.Report) and len(report.samples) == wire.MAX_SAMPLES
+
+
+@pytest.mark.parametrize("body", [
+    b"", b"not json", b"[]", b'{"op": "nope"}', b'{"op": "start"}',
+    b'{"op": "start", "key_dir": 1, "signing": true, "log_level": "info",'
+    b' "drop_capabilities": true, "sandbox": false}',
+    b'{"op": "start", "key_dir": "/k", "signing": 1, "log_level": "info",'
+    b' "drop_capabilities": true, "sandbox": false}',
+    b'{"op": "report", "results": [["a", "b", true]], "seconds": {}, "refusals": {},'
+    b' "calls": [], "samples": {}}',
+    b'{"op": "report", "results": [], "seconds": {}, "refusals": {}, "calls": [],'
+    b' "samples": {"a": [1.5]}}',
+])
+def test_malformed_messages_are_refused(body: bytes) -> None:
+    with pytest.raises(wire.WorkerProtocolError):
+        wire.decode(body)
+
+
+def test_add_target_with_a_bad_share_id_is_refused() -> None:
+    body = json.loads(wire.encode(wire.AddTarget(1, 2, 3, 0, 0, "native", share())))
+    body["share"]["share_id"] = "zz"
+    with pytest.raises(wire.WorkerProtocolError):
+        wire.decode(json.dumps(body).encode())
