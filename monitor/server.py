@@ -537,6 +537,8 @@ class Service:
                 worker.add(target)
             while not target.listener.hung_up():
                 await trio.sleep(0.25)
+            for worker in self._workers:  # the hang-up woke only one worker, if any
+                worker.remove(target)
         finally:
             self._release(target)
 

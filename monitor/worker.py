@@ -90,9 +90,8 @@ class Worker:
             thread.join()
             with contextlib.suppress(OSError):
                 self._report()
-            for target in list(self.targets.values()):
-                self.dispatch.remove(target)
-                target.close()
+            for target_id in list(self.targets):
+                self._forget(target_id)
             self.dispatch.close()
 
     def _control_loop(self) -> None:
@@ -118,7 +117,9 @@ class Worker:
             return
         for fd in fds:
             os.close(fd)
-        if isinstance(message, wire.ReloadKeys):
+        if isinstance(message, wire.RemoveTarget):
+            self._forget(message.target_id)
+        elif isinstance(message, wire.ReloadKeys):
             try:
                 self.keys = KeyRing.load(self.start.key_dir)
             except KeyDirError as exc:
@@ -137,10 +138,19 @@ class Worker:
         self.targets[target.target_id] = target
 
         def gone() -> None:  # on the dispatch thread, which no longer serves it
-            self.targets.pop(target.target_id, None)
-            target.close()
+            if self.targets.pop(target.target_id, None) is target:
+                target.close()
 
         self.dispatch.add(target, gone)
+
+    def _forget(self, target_id: int) -> None:
+        """fhmon serve saw the hang-up. This worker may not have: a listener is armed
+        EPOLLEXCLUSIVE in every worker, so its hang-up wakes only one of them. Whoever pops
+        the target from self.targets closes it, exactly once."""
+        target = self.targets.pop(target_id, None)
+        if target is not None:
+            self.dispatch.remove(target)  # waits until no call of it is being answered
+            target.close()
 
     def _report(self) -> None:
         report = wire.Report(samples=self.samples.take())
@@ -207,8 +217,9 @@ def main(argv: list[str]) -> int:
         from monitor import sandbox
 
         sandbox.install()
-    log.event("worker_serving", pid=os.getpid())
-    Worker(control, start, keys).run()
+    worker = Worker(control, start, keys)
+    log.event("worker_serving", pid=os.getpid())  # ready: every fd of its own is open
+    worker.run()
     return 0
 
 
@@ -249,6 +260,9 @@ class WorkerProcess:
                                               s.host_path, s.target_path, s.is_mount_root))
         self._send(wire.encode(message), [target.listener.fd, s.path_fd, s.dir_fd])
 
+    def remove(self, target: Target) -> None:
+        self._send(wire.encode(wire.RemoveTarget(target.target_id)))
+
     def reload_keys(self) -> None:
         self._send(wire.encode(wire.ReloadKeys()))
 
@@ -268,6 +282,8 @@ class WorkerProcess:
                 data = self.control.recv(wire.MAX_MESSAGE)
             except BlockingIOError:
                 continue
+            except OSError:  # ECONNRESET: it died with a message of ours unread
+                return
             if not data:
                 return
             message = wire.decode(data)

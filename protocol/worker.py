@@ -7,6 +7,7 @@ checks here are for robustness (a clear error instead of a crash), not a trust b
     serve -> worker   Start      the worker's settings (once, first)
                       AddTarget  a registered listener: fds = [listener, share O_PATH fd,
                                  share directory fd]
+                      RemoveTarget  its filter has no task left: close the copies
                       ReloadKeys the key directory changed: load it again
     worker -> serve   Report     what the worker answered since its last report
 """
@@ -58,6 +59,11 @@ class AddTarget:
 
 
 @dataclass(frozen=True, slots=True)
+class RemoveTarget:
+    target_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReloadKeys:
     pass
 
@@ -76,7 +82,7 @@ class Report:
         return not (self.results or self.refusals or self.calls)
 
 
-Message = Start | AddTarget | ReloadKeys | Report
+Message = Start | AddTarget | RemoveTarget | ReloadKeys | Report
 
 
 def encode(message: Message) -> bytes:
@@ -94,6 +100,8 @@ def encode(message: Message) -> bytes:
                     "share": {"mount_id": s.mount_id, "dev": s.dev, "ino": s.ino,
                               "share_id": s.share_id.hex(), "host_path": s.host_path,
                               "target_path": s.target_path, "is_mount_root": s.is_mount_root}}
+        case RemoveTarget():
+            body = {"op": "remove", "target_id": message.target_id}
         case ReloadKeys():
             body = {"op": "keys"}
         case Report():
@@ -124,6 +132,8 @@ def decode(data: bytes) -> Message:
                               _str(s["target_path"]), _bool(s["is_mount_root"]))
             return AddTarget(_int(body["target_id"]), _int(body["pid"]), peer_pid, peer_uid,
                              peer_gid, _str(body["convention"]), share)
+        if op == "remove":
+            return RemoveTarget(_int(body["target_id"]))
         if op == "keys":
             return ReloadKeys()
         if op == "report":

@@ -82,6 +82,8 @@ def test_workers_answer_and_report(world: World, workers_service: Service) -> No
 def test_workers_let_go_of_a_finished_target(world: World, workers_service: Service) -> None:
     service = workers_service
     workers = service.status()["workers"]
+    assert wait_until(lambda: {e.get("pid") for e in service.events()
+                               if e.get("event") == "worker_serving"} >= set(workers))
     before = {pid: fd_count(pid) for pid in workers}
     agent = Agent(world, "fhmon", world.main, service.socket)
     try:
