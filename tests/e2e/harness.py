@@ -626,7 +626,9 @@ def fhmon_service(rd: RunDir, fhmon: str | None = None, *, name: str = "fhmon",
     svc = FhmonService(fhmon=fhmon, socket=sock, key_dir=key_dir, log_path=log_path, proc=proc)
     try:
         deadline = time.monotonic() + 20
-        while not sock.exists():
+        # The "serving" event, not the socket file: the socket exists before fhmon has
+        # opened the rest of its own fds (dispatch thread, workers), the fd baseline.
+        while not (sock.exists() and '"event":"serving"' in svc.log_text()):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"fhmon serve did not start: {' '.join(argv)}\n"
                                    f"{svc.log_text()[-4000:]}")
