@@ -179,10 +179,15 @@ class Service:
         self.start()
 
     def start(self) -> None:
+        # Ready once this run logs "serving" (the log is kept across restarts): its socket
+        # file exists a little earlier, before fhmon has opened all of its own fds (which
+        # fd-count checks take as the baseline).
+        serving = '"event":"serving"'
+        runs = self.log_text().count(serving) if self.log_path.exists() else 0
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=self._log)
         deadline = time.monotonic() + 15
-        while not os.path.exists(self.socket):
+        while not (os.path.exists(self.socket) and self.log_text().count(serving) > runs):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"fhmon serve did not start:\n{self.log_text()}")
             time.sleep(0.02)
