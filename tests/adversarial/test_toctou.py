@@ -210,6 +210,19 @@ def blocked_in_syscall(pid: int, nr: int) -> bool:
     return False
 
 
+def all_stopped(pid: int) -> bool:
+    """Every thread of pid is in the stopped state: kill(SIGSTOP) returns before that, and a
+    thread still running (fhmon's dispatch thread) would answer the next call."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            states.append(Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                          .rsplit(")", 1)[1].split()[0])
+        except OSError:
+            continue
+    return bool(states) and all(state == "T" for state in states)
+
+
 def test_call_queued_while_fhmon_is_paused_then_caller_killed(spawn: Any, fhmon: Service,
                                                               record: Recorder) -> None:
     victim: Agent = spawn()
@@ -217,6 +230,7 @@ def test_call_queued_while_fhmon_is_paused_then_caller_killed(spawn: Any, fhmon:
     assert victim.proc.stdin is not None
     os.kill(fhmon.pid, signal.SIGSTOP)
     try:
+        assert wait_for(lambda: all_stopped(fhmon.pid), 10)
         victim.proc.stdin.write('{"op": "n2h", "path": "dir/inner"}\n')
         victim.proc.stdin.flush()
         queued = wait_for(lambda: blocked_in_syscall(victim.pid, 303), 10)
