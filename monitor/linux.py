@@ -13,7 +13,7 @@ import os
 import struct
 import threading
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from protocol.kernel import PAGE_SIZE, split_page_ranges
 
@@ -137,35 +137,11 @@ def process_vm_read_regions(pid: int, regions: Sequence[tuple[int, int]]) -> byt
     which stops (page-exact) at the first page that cannot be read."""
     ranges = _iovecs(regions)
     length = sum(size for _, size in ranges)
-    if len(ranges) > _MAX_IOV or length > _DATA_SIZE:
-        return _process_vm_read_large(pid, ranges, length)
-    scratch = _scratch
-    iov = scratch.iov
-    for i, (start, size) in enumerate(ranges):
-        _IOV.pack_into(iov, 16 * i, start, size)
-    _IOV.pack_into(scratch.local_iov, 0, scratch.data_addr, length)
-    got = _syscall(SYS_PROCESS_VM_READV, pid, scratch.local_iov_ptr, 1, scratch.iov_ptr,
-                   len(ranges), None)
-    if got < 0:
-        err = _errno()
-        if err == errno.EFAULT:  # on the first iovec: nothing readable
-            return b""
-        raise OSError(err, os.strerror(err))
-    return scratch.data_view[:got].tobytes()
-
-
-def _process_vm_read_large(pid: int, ranges: Sequence[tuple[int, int]], length: int) -> bytes:
+    if length <= _DATA_SIZE:
+        got = _transfer(SYS_PROCESS_VM_READV, pid, ranges, _scratch.data_addr, length)
+        return _scratch.data_view[:got].tobytes()
     buf = ctypes.create_string_buffer(length)
-    iov = ctypes.create_string_buffer(16 * len(ranges))
-    for i, (start, size) in enumerate(ranges):
-        _IOV.pack_into(iov, 16 * i, start, size)
-    local = _IOV.pack(ctypes.addressof(buf), length)
-    got = _syscall(SYS_PROCESS_VM_READV, pid, local, 1, iov, len(ranges), None)
-    if got < 0:
-        err = _errno()
-        if err == errno.EFAULT:
-            return b""
-        raise OSError(err, os.strerror(err))
+    got = _transfer(SYS_PROCESS_VM_READV, pid, ranges, ctypes.addressof(buf), length)
     return buf.raw[:got]
 
 
@@ -177,23 +153,27 @@ def process_vm_write(pid: int, chunks: Sequence[tuple[int, bytes]]) -> int:
     if not size:
         return 0
     ranges = _iovecs([(addr, len(data)) for addr, data in chunks])
+    if size <= _DATA_SIZE:
+        _scratch.data[:size] = payload
+        return _transfer(SYS_PROCESS_VM_WRITEV, pid, ranges, _scratch.data_addr, size)
+    local = ctypes.create_string_buffer(payload, size)
+    return _transfer(SYS_PROCESS_VM_WRITEV, pid, ranges, ctypes.addressof(local), size)
+
+
+def _transfer(nr: int, pid: int, ranges: Sequence[tuple[int, int]], local_addr: int,
+              length: int) -> int:
+    """process_vm_readv/writev (nr) between length bytes at local_addr and the remote
+    ranges, one iovec each: the bytes moved, 0 when the first remote iovec faults."""
     scratch = _scratch
-    if len(ranges) > _MAX_IOV or size > _DATA_SIZE:
-        iov = ctypes.create_string_buffer(16 * len(ranges))
-        local = ctypes.create_string_buffer(payload, size)
-        local_iov: Any = _IOV.pack(ctypes.addressof(local), size)
-        remote_iov: Any = iov
-    else:
-        iov = scratch.iov
-        scratch.data[:size] = payload
-        _IOV.pack_into(scratch.local_iov, 0, scratch.data_addr, size)
-        local_iov, remote_iov = scratch.local_iov_ptr, scratch.iov_ptr
-    for i, (start, length) in enumerate(ranges):
-        _IOV.pack_into(iov, 16 * i, start, length)
-    got = _syscall(SYS_PROCESS_VM_WRITEV, pid, local_iov, 1, remote_iov, len(ranges), None)
+    iov = scratch.iov if len(ranges) <= _MAX_IOV else ctypes.create_string_buffer(16 * len(ranges))
+    iov_ptr = scratch.iov_ptr if iov is scratch.iov else ctypes.c_void_p(ctypes.addressof(iov))
+    for i, (start, size) in enumerate(ranges):
+        _IOV.pack_into(iov, 16 * i, start, size)
+    _IOV.pack_into(scratch.local_iov, 0, local_addr, length)
+    got = _syscall(nr, pid, scratch.local_iov_ptr, 1, iov_ptr, len(ranges), None)
     if got < 0:
         err = _errno()
-        if err == errno.EFAULT:
+        if err == errno.EFAULT:  # at the first remote iovec: nothing moved
             return 0
         raise OSError(err, os.strerror(err))
     return int(got)

@@ -62,9 +62,6 @@ class Listener:
         """POLLHUP: no task uses the filter any more (RECV would block forever)."""
         return self.poll() is None
 
-    def pending(self) -> bool:
-        return bool(self.poll())
-
     def poll(self) -> bool | None:
         """One poll: None once hung up, else whether a call waits (RECV will not block)."""
         for _, events in self._poller.poll(0):
