@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from monitor.listener import mark_signals_blocked
 from protocol import kernel
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class DispatchThread:
     def run(self) -> None:
         # Signals go to trio's thread; this one must never run a handler mid-call.
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        mark_signals_blocked()
         while not self._stopping:
             events = self._epoll.poll()
             with self._busy:
