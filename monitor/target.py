@@ -115,14 +115,17 @@ class ThreadCache:
         self._lock = threading.Lock()
 
     def get(self, tid: int) -> tuple[int, ThreadStatus | None] | None:
+        """The entry for tid, not yet checked alive: a TID may name a newer thread than the
+        cached pidfd's (see TargetThread._alive)."""
+        with self._lock:
+            return self._entries.get(tid)
+
+    def discard(self, tid: int, pidfd: int) -> None:
+        """Forget tid if its entry still holds pidfd (its thread was found dead)."""
         with self._lock:
             entry = self._entries.get(tid)
-            if entry is None:
-                return None
-            if linux.pidfd_alive(entry[0]):
-                return entry
-            self._drop(tid)
-            return None
+            if entry is not None and entry[0] == pidfd:
+                self._drop(tid)
 
     def put(self, tid: int, pidfd: int, status: ThreadStatus | None) -> bool:
         """Cache pidfd for tid; False if the cache is full of live threads (not kept: the
@@ -171,18 +174,38 @@ class TargetThread:
         self._status: ThreadStatus | None = None
         self._entry: tuple[int, ThreadStatus | None] | None = None
         self._looked_up = False
+        self._proven_alive = False
         self._prefetched: tuple[tuple[int, int], bytes] | None = None
 
     def _cached(self) -> tuple[int, ThreadStatus | None] | None:
-        """The cache's entry for this thread, checked alive once per call (the thread is
-        blocked in this call: if it lives now, it lives until we answer)."""
+        """The cache's entry for this thread, looked up once per call."""
         if not self._looked_up and self._cache is not None:
             self._entry = self._cache.get(self.tid)
             self._looked_up = True
         return self._entry
 
+    def _alive(self, entry: tuple[int, ThreadStatus | None]) -> bool:
+        """Whether the entry's pidfd names a live thread, and so the notifying one: the
+        TID is ours while that thread lives, and the thread is blocked in this call (if it
+        lives now, it lives until we answer). Checked at most once per call, and not at all
+        after a pidfd_getfd through it succeeded (which proves the same)."""
+        if self._proven_alive:
+            return True
+        if linux.pidfd_alive(entry[0]):
+            self._proven_alive = True
+            return True
+        self._forget(entry)
+        return False
+
+    def _forget(self, entry: tuple[int, ThreadStatus | None]) -> None:
+        """The cached pidfd names a thread that is gone: a new thread reuses its TID."""
+        if self._cache is not None:
+            self._cache.discard(self.tid, entry[0])
+        self._entry = None
+
     def _pidfd(self) -> int | None:
-        """A cached pidfd for this thread, opening (and caching) one if needed."""
+        """A cached pidfd for this thread (maybe not yet checked alive), opening (and
+        caching) one if needed."""
         if self._cache is None:
             return None
         entry = self._cached()
@@ -196,6 +219,7 @@ class TargetThread:
             os.close(pidfd)
             return None
         self._entry = (pidfd, None)
+        self._proven_alive = True  # pidfd_open found the TID's thread now
         return pidfd
 
     @property
@@ -203,7 +227,7 @@ class TargetThread:
         if self._status is not None:
             return self._status
         entry = self._cached()
-        if entry is not None and entry[1] is not None:
+        if entry is not None and entry[1] is not None and self._alive(entry):
             self._status = entry[1]
             return self._status
         status = read_status(self.tid)
@@ -320,26 +344,24 @@ class TargetThread:
         notification that is gone reaches nobody)."""
         if fd < 0:
             raise SyscallError(errno.EBADF)
-        cached = self._pidfd()
-        if cached is not None:
-            pidfd = cached
-        else:
+        ours = self._getfd_cached(fd)
+        if ours is None:  # nothing cached, or the cached pidfd named a thread now gone
+            pidfd = self._pidfd()
+            transient = pidfd is None
+            if pidfd is None:
+                try:
+                    pidfd = linux.pidfd_open(self.tid, linux.PIDFD_THREAD)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise NotificationGone(self.tid) from None
+                    pidfd = linux.pidfd_open(self.status.tgid)
             try:
-                pidfd = linux.pidfd_open(self.tid, linux.PIDFD_THREAD)
+                ours = linux.pidfd_getfd(pidfd, fd)
             except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise NotificationGone(self.tid) from None
-                pidfd = linux.pidfd_open(self.status.tgid)
-        try:
-            ours = linux.pidfd_getfd(pidfd, fd)
-        except OSError as exc:
-            self.ensure_valid()
-            if exc.errno == errno.EBADF:
-                raise SyscallError(errno.EBADF) from None
-            raise NotificationGone(self.tid) from None
-        finally:
-            if cached is None:
-                os.close(pidfd)
+                raise self._getfd_error(exc) from None
+            finally:
+                if transient:
+                    os.close(pidfd)
         if check:
             try:
                 self.ensure_valid()
@@ -347,6 +369,28 @@ class TargetThread:
                 os.close(ours)
                 raise
         return ours
+
+    def _getfd_cached(self, fd: int) -> int | None:
+        """pidfd_getfd through the cached pidfd; None if there is none or its thread is
+        gone. A success proves the thread alive, saving _alive's check."""
+        entry = self._cached()
+        if entry is None:
+            return None
+        try:
+            ours = linux.pidfd_getfd(entry[0], fd)
+        except OSError as exc:
+            if not self._alive(entry):
+                return None
+            raise self._getfd_error(exc) from None
+        self._proven_alive = True
+        return ours
+
+    def _getfd_error(self, exc: OSError) -> Exception:
+        """What a failed pidfd_getfd on the live notifying thread answers."""
+        self.ensure_valid()
+        if exc.errno == errno.EBADF:
+            return SyscallError(errno.EBADF)
+        return NotificationGone(self.tid)
 
     def open_cwd(self) -> int:
         return self._open_proc_link("cwd")

@@ -307,6 +307,20 @@ def race(cmd):
     return {"errnos": errnos, "got": got, "flips": flips[0]}
 
 
+def thread_call(cmd, ops):
+    """cmd["call"] on a new thread that exits afterwards; adds the thread's TID."""
+    out = {}
+
+    def run():
+        out["tid"] = threading.get_native_id()
+        out.update(ops[cmd["call"]["op"]](cmd["call"]))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return out
+
+
 EXTRA_OPS = {"race": race}
 
 
@@ -319,6 +333,7 @@ def main():
            "close": lambda c: (os.close(FDS.pop(c["name"])), {"ret": 0})[1],
            "fdcount": lambda c: {"fds": len(os.listdir("/proc/self/fd"))}}
     ops.update(EXTRA_OPS)
+    ops["thread_call"] = lambda c: thread_call(c, ops)
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "exit":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -277,10 +278,16 @@ class Agent:
     def pid(self) -> int:
         return int(self.hello["pid"])
 
-    def call(self, op: str, **cmd: Any) -> dict[str, Any]:
+    def call(self, op: str, *, answer_within: float | None = None,
+             **cmd: Any) -> dict[str, Any]:
+        """One command; answer_within: fail instead of hanging if a call is never answered
+        (each answer is one line, so nothing is buffered before the wait)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps({"op": op, **cmd}) + "\n")
         self.proc.stdin.flush()
+        if answer_within is not None and not select.select([self.proc.stdout], [], [],
+                                                           answer_within)[0]:
+            raise TimeoutError(f"agent {op} got no answer in {answer_within} s")
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"agent died: {self.proc.stderr.read()}")  # type: ignore[union-attr]
