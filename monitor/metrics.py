@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from monitor import log
 from monitor.handlers.base import CallContext, Handler, Middleware, Outcome
+from monitor.listener import NotificationGone
 from monitor.target import SyscallError
 
 # Answers that mean "fhmon refused on policy", worth an audit line when a note says why.
@@ -83,6 +84,12 @@ def audit_middleware(stats: CallStats) -> Middleware:
                 outcome = handler(ctx)
             except SyscallError as exc:
                 if exc.errno in _POLICY_ERRNOS and ctx.note:
+                    # Blame only a caller still waiting: the handler may have read bytes
+                    # from a process that reused a dead target's TID (handlers leave the
+                    # ID_VALID to their last step, which a refusal never reaches).
+                    if not ctx.listener.id_valid(ctx.notif.id):
+                        ctx.note = ""
+                        raise NotificationGone(ctx.notif.id) from None
                     with stats.lock:
                         stats.refusals[ctx.note] += 1
                     log.audit("call_refused", syscall=name, errno=result_name(exc),

@@ -42,9 +42,11 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
     flags = kernel.arg_int(args[2])
 
     # One read for the header and the largest handle: the readable prefix says which of the
-    # kernel's two copy_from_user calls would fault. One ID_VALID after it: the header only
-    # steers the size checks before it (an errno answer goes by notification id, which the
-    # kernel checks itself).
+    # kernel's two copy_from_user calls would fault. No ID_VALID until the ADDFD, which
+    # validates the notification itself: until then these bytes (maybe from a process that
+    # reused a dead target's TID) steer only fhmon's own checks and errno answers, and an
+    # answer to a notification that is gone reaches nobody. (A policy refusal is audited
+    # only after an ID_VALID: monitor/metrics.py.)
     raw = ctx.thread.read_prefix(handle_ptr, 8 + kernel.MAX_HANDLE_SZ)
     if len(raw) < 8:
         raise SyscallError(errno.EFAULT)
@@ -53,7 +55,6 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
         raise SyscallError(errno.EINVAL)
     if not kernel.handle_type_is_valid(header.handle_type):
         raise SyscallError(errno.EINVAL)
-    ctx.thread.ensure_valid()
     if len(raw) < 8 + header.handle_bytes:
         raise SyscallError(errno.EFAULT)
     f_handle = raw[8 : 8 + header.handle_bytes]
@@ -117,7 +118,7 @@ def _reopen_as_target(ctx: CallContext, obj: int, flags: int, is_dir: bool) -> i
     else:
         attempts = [(flags & ~_STRIP) | os.O_NOCTTY]
     first_error = 0  # the answer is the first attempt's error (O_RDONLY for O_PATH)
-    with acting_as(creds):
+    with acting_as(creds, reopen_only=True):
         for attempt in attempts:
             try:
                 return os.open(link, attempt | os.O_CLOEXEC)
