@@ -54,6 +54,7 @@ class KeyRing:
             kid.to_bytes(_KEY_ID_SIZE, "big"): {} for kid in keys}
         self.signer = signer
         self._signer_bytes = signer.to_bytes(_KEY_ID_SIZE, "big")
+        self._signer_states = self._states[self._signer_bytes]
 
     @staticmethod
     def _keyed(key: bytes) -> crypto_hmac.HMAC:
@@ -63,30 +64,27 @@ class KeyRing:
     def key_ids(self) -> tuple[int, ...]:
         return tuple(sorted(self._macs))
 
-    def _prefixed_state(self, key_id_bytes: bytes, share_id: bytes) -> crypto_hmac.HMAC | None:
-        """The keyed state of a key (by its 4 id bytes) with the per-share prefix absorbed,
-        built once per key and share; None for an unknown key."""
-        states = self._states.get(key_id_bytes)
-        if states is None:
-            return None
-        prefixed = states.get(share_id)
-        if prefixed is None:
-            if len(states) >= _MAX_SHARES_CACHED:
-                states.clear()
-            prefixed = self._macs[int.from_bytes(key_id_bytes, "big")].copy()
-            prefixed.update(signed_handle.mac_prefix(share_id))
-            states[share_id] = prefixed
+    def _prefixed_state(self, key_id_bytes: bytes, share_id: bytes) -> crypto_hmac.HMAC:
+        """The keyed state of a known key (by its 4 id bytes) with the per-share prefix
+        absorbed: built on a share's first handle, then looked up inline by sign/verify."""
+        states = self._states[key_id_bytes]
+        if len(states) >= _MAX_SHARES_CACHED:
+            states.clear()
+        prefixed = self._macs[int.from_bytes(key_id_bytes, "big")].copy()
+        prefixed.update(signed_handle.mac_prefix(share_id))
+        states[share_id] = prefixed
         return prefixed
 
-    def sign(self, share_id: bytes, handle_type: int, kernel_bytes: bytes) -> bytes:
-        """The f_handle to give a target: kernel bytes + key id + MAC (deterministic).
+    # sign and verify run on every call, hence inlined: the message is
+    # signed_handle.mac_message(), the result signed_handle.assemble() (the unit tests
+    # check both against these), and each looks its state up in two dicts.
 
-        The hot path, hence inlined: the message is signed_handle.mac_message(), the result
-        signed_handle.assemble() (the unit tests check both against these).
-        """
+    def sign(self, share_id: bytes, handle_type: int, kernel_bytes: bytes) -> bytes:
+        """The f_handle to give a target: kernel bytes + key id + MAC (deterministic)."""
         key_id_bytes = self._signer_bytes
-        prefixed = self._prefixed_state(key_id_bytes, share_id)
-        assert prefixed is not None  # the signer is always among the keys
+        prefixed = self._signer_states.get(share_id)
+        if prefixed is None:
+            prefixed = self._prefixed_state(key_id_bytes, share_id)
         h = prefixed.copy()
         h.update(_TYPE_LEN.pack(handle_type, len(kernel_bytes)) + kernel_bytes + key_id_bytes)
         return kernel_bytes + key_id_bytes + h.finalize()[:_MAC_SIZE]
@@ -96,16 +94,19 @@ class KeyRing:
         n = len(f_handle) - _TRAILER_SIZE
         if n <= 0:
             return None
-        key_id_bytes = f_handle[n : n + _KEY_ID_SIZE]
-        prefixed = self._prefixed_state(key_id_bytes, share_id)
+        signed_part = f_handle[: n + _KEY_ID_SIZE]  # the kernel bytes, then the key id
+        key_id_bytes = signed_part[n:]
+        states = self._states.get(key_id_bytes)
+        if states is None:
+            return None  # an unknown (or retired) key
+        prefixed = states.get(share_id)
         if prefixed is None:
-            return None
-        kernel_bytes = f_handle[:n]
+            prefixed = self._prefixed_state(key_id_bytes, share_id)
         h = prefixed.copy()
-        h.update(_TYPE_LEN.pack(handle_type, n) + kernel_bytes + key_id_bytes)
+        h.update(_TYPE_LEN.pack(handle_type, n) + signed_part)
         if not std_hmac.compare_digest(h.finalize()[:_MAC_SIZE], f_handle[n + _KEY_ID_SIZE :]):
             return None
-        return kernel_bytes
+        return signed_part[:n]
 
     @classmethod
     def load(cls, key_dir: str | Path) -> KeyRing:
