@@ -286,3 +286,46 @@ def _capset_args(effective: int, permitted: int,
 def capset_thread(effective: int, permitted: int, inheritable: int) -> None:
     header, data = _capset_args(effective, permitted, inheritable)
     _check(_syscall(SYS_CAPSET, ctypes.byref(header), data))
+
+
+# --- fhmon's own fds by number --------------------------------------------------------------
+# Opening or reading a link relative to an open /proc/self/fd walks one path component
+# instead of four ("/proc", "self", "fd", N): ~0.9 us less for each of the per-call
+# readlinks (the inside-the-share checks) and reopens (open_by_handle_at).
+
+class _OwnFdDir:
+    """/proc/self/fd of this process, opened on first use and again after a fork (the
+    child's /proc/self is another directory)."""
+
+    fd = -1
+
+    @classmethod
+    def get(cls) -> int:
+        if cls.fd < 0:
+            cls.fd = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return cls.fd
+
+    @classmethod
+    def forget_in_child(cls) -> None:
+        if cls.fd >= 0:
+            os.close(cls.fd)
+            cls.fd = -1
+
+
+os.register_at_fork(after_in_child=_OwnFdDir.forget_in_child)
+
+
+def open_own_fd_dir() -> None:
+    """Open it now (at startup, so that fd baselines include it)."""
+    _OwnFdDir.get()
+
+
+def fd_path(fd: int) -> str:
+    """The path of one of fhmon's own fds, as the kernel prints it (d_path)."""
+    return os.readlink(str(fd), dir_fd=_OwnFdDir.get())
+
+
+def reopen(fd: int, flags: int) -> int:
+    """open("/proc/self/fd/FD", flags): a new open file for the object fd names, with the
+    permission checks of an open (O_NOFOLLOW would refuse the link itself)."""
+    return os.open(str(fd), flags, dir_fd=_OwnFdDir.get())

@@ -30,8 +30,7 @@ class RegistrationRefused(Exception):
         self.errno = err
 
 
-def fd_path(fd: int) -> str:
-    return os.readlink(f"/proc/self/fd/{fd}")
+fd_path = linux.fd_path
 
 
 def glob_matches(pattern: str, path: str) -> bool:

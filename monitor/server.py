@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from monitor import fdpass, log
+from monitor import fdpass, linux, log
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.config import Config
 from monitor.credentials import acting_as
@@ -178,6 +178,7 @@ class Service:
                 from monitor.hardening import drop_capabilities
 
                 log.event("capabilities", kept=drop_capabilities())
+            linux.open_own_fd_dir()  # after the workers' fork: this process's own
             if self.config.sandbox:
                 from monitor import sandbox
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import trio
 
-from monitor import fdpass, log
+from monitor import fdpass, linux, log
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.dispatch_thread import DispatchThread
 from monitor.handlers.base import CallContext
@@ -213,6 +213,7 @@ def main(argv: list[str]) -> int:
         from monitor.hardening import drop_capabilities
 
         drop_capabilities()
+    linux.open_own_fd_dir()
     if start.sandbox:
         from monitor import sandbox
 

@@ -109,7 +109,6 @@ def _mount_fd_device(ctx: CallContext, mount_fd: int) -> int:
 
 
 def _reopen_as_target(ctx: CallContext, obj: int, flags: int, is_dir: bool) -> int:
-    link = f"/proc/self/fd/{obj}"
     creds = ctx.thread.status.credentials
     if flags & kernel.O_PATH:
         if flags & kernel.O_DIRECTORY and not is_dir:
@@ -121,14 +120,14 @@ def _reopen_as_target(ctx: CallContext, obj: int, flags: int, is_dir: bool) -> i
     with acting_as(creds, reopen_only=True):
         for attempt in attempts:
             try:
-                return os.open(link, attempt | os.O_CLOEXEC)
+                return linux.reopen(obj, attempt | os.O_CLOEXEC)
             except OSError as exc:
                 first_error = first_error or exc.errno or errno.EACCES
     owned = os.fstat(obj).st_uid == creds.fsuid
     if flags & kernel.O_PATH and first_error == errno.EACCES and owned:
         # The owner may chmod itself read access at any time, so a read-only fd grants it
         # nothing new; opened by fhmon (CAP_DAC_READ_SEARCH passes the read check).
-        fd = os.open(link, attempts[0] | os.O_CLOEXEC)
+        fd = linux.reopen(obj, attempts[0] | os.O_CLOEXEC)
         if _chmod_possible(fd):
             return fd
         os.close(fd)
