@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import errno
 import logging
 import threading
@@ -18,22 +19,46 @@ from monitor.target import SyscallError
 _POLICY_ERRNOS = {errno.EACCES, errno.ESTALE, errno.EOPNOTSUPP, errno.ENOSYS, errno.ELOOP}
 
 
+# Calls take microseconds; latency buckets from 5 us to 50 ms (upper bounds, seconds).
+LATENCY_BUCKETS = (5e-6, 1e-5, 2e-5, 3e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 5e-4,
+                   1e-3, 2e-3, 5e-3, 1e-2, 5e-2)
+
+
 @dataclass
 class CallStats:
+    """Every call's count, time and latency bucket; Prometheus reads them when scraped
+    (monitor/prom.py), so a call pays one lock and a bisect, not a metrics library."""
+
     results: Counter[tuple[str, str]] = field(default_factory=Counter)
     refusals: Counter[str] = field(default_factory=Counter)
     seconds: dict[str, float] = field(default_factory=dict)
+    # per syscall: how many calls fell in each LATENCY_BUCKETS bucket, the last is +Inf
+    buckets: dict[str, list[int]] = field(default_factory=dict)
     registrations: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def record(self, syscall: str, result: str, elapsed: float) -> None:
+        with self.lock:  # recv_thread workers may record at once
+            self.results[(syscall, result)] += 1
+            self.seconds[syscall] = self.seconds.get(syscall, 0.0) + elapsed
+            self._bucket(syscall, elapsed)
+
+    def _bucket(self, syscall: str, elapsed: float) -> None:
+        counts = self.buckets.get(syscall)
+        if counts is None:
+            counts = self.buckets[syscall] = [0] * (len(LATENCY_BUCKETS) + 1)
+        counts[bisect.bisect_left(LATENCY_BUCKETS, elapsed)] += 1
+
     def merge(self, results: dict[tuple[str, str], int], seconds: dict[str, float],
-              refusals: dict[str, int]) -> None:
+              refusals: dict[str, int], samples: list[tuple[str, float]]) -> None:
         """Add counts made elsewhere (a worker process's report)."""
         with self.lock:
             self.results.update(results)
             for syscall, spent in seconds.items():
                 self.seconds[syscall] = self.seconds.get(syscall, 0.0) + spent
             self.refusals.update(refusals)
+            for syscall, elapsed in samples:
+                self._bucket(syscall, elapsed)
 
     def as_dict(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -51,6 +76,7 @@ def result_name(exc: SyscallError | None) -> str:
 def metrics_middleware(stats: CallStats, observers: list[ObserveFn] | None = None) -> Middleware:
     """Counts every call by syscall and result, and times it."""
     extra = observers or []
+    record = stats.record
 
     def wrap(name: str, handler: Handler) -> Handler:
         def measured(ctx: CallContext) -> Outcome:
@@ -63,10 +89,8 @@ def metrics_middleware(stats: CallStats, observers: list[ObserveFn] | None = Non
                 raise
             finally:
                 elapsed = time.perf_counter() - start
-                result = result_name(failure)
-                with stats.lock:  # worker threads (recv_thread) share these counters
-                    stats.results[(name, result)] += 1
-                    stats.seconds[name] = stats.seconds.get(name, 0.0) + elapsed
+                result = "ok" if failure is None else result_name(failure)
+                record(name, result, elapsed)
                 for observe in extra:
                     observe(name, result, elapsed, ctx)
         return measured

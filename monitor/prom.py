@@ -6,40 +6,34 @@ runs in a thread, so fhmon serves `GET /metrics` itself from its trio nursery.
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.utils import floatToGoString
 
 from monitor import log
-from monitor.handlers.base import CallContext
-from protocol import worker as wire
+from monitor.metrics import LATENCY_BUCKETS, CallStats
 
 if TYPE_CHECKING:
     from monitor.server import Service
 
-# Calls take microseconds; buckets from 5 us to 50 ms.
-LATENCY_BUCKETS = (5e-6, 1e-5, 2e-5, 3e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 5e-4,
-                   1e-3, 2e-3, 5e-3, 1e-2, 5e-2)
 MAX_REQUEST = 8192
+MAC_FAILURE = "bad or foreign MAC"  # the refusal reason fhmon_mac_failures counts
+# The buckets' "le" labels, written as prometheus-client writes them
+_LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]  # type: ignore[no-untyped-call]
 
 
 class Metrics:
     def __init__(self, service: Service) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.calls = Counter("fhmon_calls", "Emulated calls by syscall and result (errno name)",
-                             ["syscall", "result"], registry=r)
-        self.latency = Histogram("fhmon_call_duration_seconds",
-                                 "Time fhmon spends on one call, receive to answer",
-                                 ["syscall"], buckets=LATENCY_BUCKETS, registry=r)
-        self.mac_failures = Counter("fhmon_mac_failures",
-                                    "Handles refused because their MAC did not verify",
-                                    registry=r)
-        self.refusals = Counter("fhmon_confinement_refusals",
-                                "Calls refused on policy, by reason", ["reason"], registry=r)
+        r.register(_CallCollector(service.stats))
         self.registrations = Counter("fhmon_registrations", "Registrations by outcome",
                                      ["outcome"], registry=r)
         targets = Gauge("fhmon_targets", "Registered listeners", registry=r)
@@ -51,44 +45,50 @@ class Metrics:
         key_ok = Gauge("fhmon_key_dir_healthy", "1 if the last key dir load succeeded",
                        registry=r)
         key_ok.set_function(lambda: 0 if service.key_error else 1)
-        self._call_counters: dict[tuple[str, str], Counter] = {}
-        self._histograms: dict[str, Histogram] = {}
-
-    def observe(self, syscall: str, result: str, seconds: float, ctx: CallContext) -> None:
-        self._counter(syscall, result).inc()
-        self._histogram(syscall).observe(seconds)
-        if ctx.note:
-            self._refused(ctx.note, 1)
-
-    def merge(self, report: wire.Report) -> None:
-        """What a worker process answered since its last report."""
-        for (syscall, result), count in report.results.items():
-            self._counter(syscall, result).inc(count)
-        for syscall, seconds in report.samples:
-            self._histogram(syscall).observe(seconds)
-        for note, count in report.refusals.items():
-            self._refused(note, count)
-
-    # The labelled children, found once: .labels() validates and locks on every call.
-    def _counter(self, syscall: str, result: str) -> Counter:
-        counter = self._call_counters.get((syscall, result))
-        if counter is None:
-            counter = self._call_counters[(syscall, result)] = self.calls.labels(syscall, result)
-        return counter
-
-    def _histogram(self, syscall: str) -> Histogram:
-        histogram = self._histograms.get(syscall)
-        if histogram is None:
-            histogram = self._histograms[syscall] = self.latency.labels(syscall)
-        return histogram
-
-    def _refused(self, note: str, count: int) -> None:
-        if note == "bad or foreign MAC":
-            self.mac_failures.inc(count)
-        self.refusals.labels(note).inc(count)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _CallCollector:
+    """The per-call metrics, read from CallStats at scrape time: the calls themselves only
+    count (monitor/metrics.py), worker processes' reports included."""
+
+    def __init__(self, stats: CallStats) -> None:
+        self._stats = stats
+
+    def describe(self) -> list[Metric]:
+        return []  # the families vary with what was called; nothing to check at register
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats
+        with stats.lock:
+            results = dict(stats.results)
+            refusals = dict(stats.refusals)
+            seconds = dict(stats.seconds)
+            buckets = {syscall: list(counts) for syscall, counts in stats.buckets.items()}
+        calls = CounterMetricFamily("fhmon_calls",
+                                    "Emulated calls by syscall and result (errno name)",
+                                    labels=["syscall", "result"])
+        for (syscall, result), count in sorted(results.items()):
+            calls.add_metric([syscall, result], count)
+        yield calls
+        latency = HistogramMetricFamily("fhmon_call_duration_seconds",
+                                        "Time fhmon spends on one call, receive to answer",
+                                        labels=["syscall"])
+        for syscall, counts in sorted(buckets.items()):
+            cumulative = list(itertools.accumulate(counts))
+            latency.add_metric([syscall], list(zip(_LE, cumulative, strict=True)),
+                               seconds.get(syscall, 0.0))
+        yield latency
+        yield CounterMetricFamily("fhmon_mac_failures",
+                                  "Handles refused because their MAC did not verify",
+                                  value=refusals.get(MAC_FAILURE, 0))
+        reasons = CounterMetricFamily("fhmon_confinement_refusals",
+                                      "Calls refused on policy, by reason", labels=["reason"])
+        for reason, count in sorted(refusals.items()):
+            reasons.add_metric([reason], count)
+        yield reasons
 
 
 async def serve_http(metrics: Metrics, address: str,

@@ -57,7 +57,7 @@ class Service:
         self._ids = itertools.count(1)
         self._connections = 0
         self.metrics = Metrics(self)
-        self.dispatcher = Dispatcher([metrics_middleware(self.stats, [self.metrics.observe]),
+        self.dispatcher = Dispatcher([metrics_middleware(self.stats),
                                       audit_middleware(self.stats)])
         self._answer = Answerer(self.dispatcher, lambda: self.keys, config.signing)
         self.started = time.time()
@@ -523,8 +523,7 @@ class Service:
         raise RuntimeError(f"worker process {worker.process.pid} ended (status {code})")
 
     def _merge_report(self, report: worker_wire.Report) -> None:
-        self.stats.merge(report.results, report.seconds, report.refusals)
-        self.metrics.merge(report)
+        self.stats.merge(report.results, report.seconds, report.refusals, report.samples)
         for target_id, calls in report.calls.items():
             target = self.targets.get(target_id)
             if target is not None:

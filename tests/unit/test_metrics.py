@@ -1,0 +1,51 @@
+"""Per-call bookkeeping (CallStats) and what Prometheus reads from it at scrape time."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from monitor.metrics import LATENCY_BUCKETS, CallStats
+from monitor.prom import Metrics
+
+
+def scrape(stats: CallStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    service = SimpleNamespace(stats=stats, targets={}, keys=SimpleNamespace(key_ids=(1,)),
+                              key_error=None)
+    text = generate_latest(Metrics(service).registry).decode()  # type: ignore[arg-type]
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_a_latency_on_a_bound_counts_in_that_bucket_as_in_prometheus() -> None:
+    stats = CallStats()
+    for elapsed in (LATENCY_BUCKETS[0], LATENCY_BUCKETS[0] * 1.01, 1.0):
+        stats.record("open_by_handle_at", "ok", elapsed)
+    got = scrape(stats)
+    bucket = "fhmon_call_duration_seconds_bucket"
+    labels = (("le", "5e-06"), ("syscall", "open_by_handle_at"))
+    assert got[(bucket, labels)] == 1
+    assert got[(bucket, (("le", "1e-05"), ("syscall", "open_by_handle_at")))] == 2
+    assert got[(bucket, (("le", "0.05"), ("syscall", "open_by_handle_at")))] == 2
+    assert got[(bucket, (("le", "+Inf"), ("syscall", "open_by_handle_at")))] == 3
+    assert got[("fhmon_call_duration_seconds_count", (("syscall", "open_by_handle_at"),))] == 3
+    assert abs(got[("fhmon_call_duration_seconds_sum", (("syscall", "open_by_handle_at"),))]
+               - (1.0 + LATENCY_BUCKETS[0] * 2.01)) < 1e-9
+    assert got[("fhmon_calls_total", (("result", "ok"), ("syscall", "open_by_handle_at")))] == 3
+
+
+def test_a_worker_report_adds_counts_samples_and_refusals() -> None:
+    stats = CallStats()
+    stats.record("name_to_handle_at", "ok", 2e-5)
+    stats.merge({("name_to_handle_at", "ok"): 2, ("open_by_handle_at", "ESTALE"): 1},
+                {"name_to_handle_at": 4e-5, "open_by_handle_at": 1e-4},
+                {"bad or foreign MAC": 1}, [("name_to_handle_at", 2e-5),
+                                            ("name_to_handle_at", 2e-5),
+                                            ("open_by_handle_at", 1e-4)])
+    got = scrape(stats)
+    assert got[("fhmon_calls_total", (("result", "ok"), ("syscall", "name_to_handle_at")))] == 3
+    assert got[("fhmon_call_duration_seconds_count", (("syscall", "name_to_handle_at"),))] == 3
+    assert got[("fhmon_mac_failures_total", ())] == 1
+    assert got[("fhmon_confinement_refusals_total", (("reason", "bad or foreign MAC"),))] == 1
