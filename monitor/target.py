@@ -105,34 +105,72 @@ class ThreadCache:
 
     A TID names the same thread for as long as that thread lives; a cached pidfd that still
     names a live thread therefore names the notifying one (which is blocked in our call).
+    But a thread may have died and its TID gone to a new thread: an entry is used only once
+    something proved its pidfd's thread alive, and a pidfd_getfd through it is that proof.
+    Every use of a cached pidfd happens under the lock, because the sweeper (trio's thread)
+    closes the pidfds of dead threads, and a closed fd number may name another file next.
     Saves reading /proc/TID/status (~11 us) and pidfd_open on every call.
     """
 
     def __init__(self, limit: int = 1024) -> None:
         self._entries: dict[int, tuple[int, ThreadStatus | None]] = {}
         self._limit = limit
-        # The sweeper (trio's thread) and a RECV worker thread may both use the cache.
         self._lock = threading.Lock()
 
-    def get(self, tid: int) -> tuple[int, ThreadStatus | None] | None:
-        """The entry for tid, not yet checked alive: a TID may name a newer thread than the
-        cached pidfd's (see TargetThread._alive)."""
-        with self._lock:
-            return self._entries.get(tid)
-
-    def discard(self, tid: int, pidfd: int) -> None:
-        """Forget tid if its entry still holds pidfd (its thread was found dead)."""
+    def take_fd(self, tid: int, fd: int) -> int | None:
+        """pidfd_getfd(fd) through tid's cached pidfd: None if nothing is cached, or if its
+        thread is gone (the entry is then forgotten). OSError if the live thread has no
+        such fd (the kernel's own answer)."""
         with self._lock:
             entry = self._entries.get(tid)
-            if entry is not None and entry[0] == pidfd:
+            if entry is None:
+                return None
+            try:
+                return linux.pidfd_getfd(entry[0], fd)
+            except OSError:
+                if linux.pidfd_alive(entry[0]):
+                    raise
                 self._drop(tid)
+                return None
+
+    def status(self, tid: int, *, known_alive: bool) -> ThreadStatus | None:
+        """The cached frozen credentials of tid's live thread. known_alive: a take_fd
+        through the entry already proved it (no pidfd_alive needed)."""
+        with self._lock:
+            entry = self._entries.get(tid)
+            if entry is None or entry[1] is None:
+                return None
+            if not known_alive and not linux.pidfd_alive(entry[0]):
+                self._drop(tid)
+                return None
+            return entry[1]
+
+    def has_live(self, tid: int) -> bool:
+        """Whether tid's entry names a live thread (a dead one's entry is forgotten)."""
+        with self._lock:
+            entry = self._entries.get(tid)
+            if entry is None:
+                return False
+            if linux.pidfd_alive(entry[0]):
+                return True
+            self._drop(tid)
+            return False
+
+    def set_status(self, tid: int, status: ThreadStatus) -> bool:
+        """Add frozen credentials to tid's entry, which the caller proved alive."""
+        with self._lock:
+            entry = self._entries.get(tid)
+            if entry is None:
+                return False
+            self._entries[tid] = (entry[0], status)
+            return True
 
     def put(self, tid: int, pidfd: int, status: ThreadStatus | None) -> bool:
-        """Cache pidfd for tid; False if the cache is full of live threads (not kept: the
-        caller still owns pidfd and must close it)."""
+        """Cache pidfd (a new one, of tid's live thread) for tid; False if the cache is full
+        of live threads (not kept: the caller still owns pidfd and must close it)."""
         with self._lock:
             old = self._entries.pop(tid, None)
-            if old is not None and old[0] != pidfd:
+            if old is not None:
                 os.close(old[0])
             if len(self._entries) >= self._limit:
                 self._sweep()
@@ -172,71 +210,47 @@ class TargetThread:
         self.tid = notif.pid
         self._cache = cache
         self._status: ThreadStatus | None = None
-        self._entry: tuple[int, ThreadStatus | None] | None = None
-        self._looked_up = False
-        self._proven_alive = False
+        # the cache's entry for this TID names this thread (a take_fd through it worked)
+        self._entry_alive = False
         self._prefetched: tuple[tuple[int, int], bytes] | None = None
-
-    def _cached(self) -> tuple[int, ThreadStatus | None] | None:
-        """The cache's entry for this thread, looked up once per call."""
-        if not self._looked_up and self._cache is not None:
-            self._entry = self._cache.get(self.tid)
-            self._looked_up = True
-        return self._entry
-
-    def _alive(self, entry: tuple[int, ThreadStatus | None]) -> bool:
-        """Whether the entry's pidfd names a live thread, and so the notifying one: the
-        TID is ours while that thread lives, and the thread is blocked in this call (if it
-        lives now, it lives until we answer). Checked at most once per call, and not at all
-        after a pidfd_getfd through it succeeded (which proves the same)."""
-        if self._proven_alive:
-            return True
-        if linux.pidfd_alive(entry[0]):
-            self._proven_alive = True
-            return True
-        self._forget(entry)
-        return False
-
-    def _forget(self, entry: tuple[int, ThreadStatus | None]) -> None:
-        """The cached pidfd names a thread that is gone: a new thread reuses its TID."""
-        if self._cache is not None:
-            self._cache.discard(self.tid, entry[0])
-        self._entry = None
-
-    def _pidfd(self) -> int | None:
-        """A cached pidfd for this thread (maybe not yet checked alive), opening (and
-        caching) one if needed."""
-        if self._cache is None:
-            return None
-        entry = self._cached()
-        if entry is not None:
-            return entry[0]
-        try:
-            pidfd = linux.pidfd_open(self.tid, linux.PIDFD_THREAD)
-        except OSError:
-            return None
-        if not self._cache.put(self.tid, pidfd, None):
-            os.close(pidfd)
-            return None
-        self._entry = (pidfd, None)
-        self._proven_alive = True  # pidfd_open found the TID's thread now
-        return pidfd
 
     @property
     def status(self) -> ThreadStatus:
         if self._status is not None:
             return self._status
-        entry = self._cached()
-        if entry is not None and entry[1] is not None and self._alive(entry):
-            self._status = entry[1]
-            return self._status
-        status = read_status(self.tid)
-        self.listener.ensure_valid(self.notif.id)
+        cache = self._cache
+        if cache is None:
+            status = read_status(self.tid)
+            self.listener.ensure_valid(self.notif.id)
+            self._status = status
+            return status
+        cached = cache.status(self.tid, known_alive=self._entry_alive)
+        if cached is not None:
+            self._status = cached
+            return cached
+        # A new pidfd is opened before the read: the ID_VALID after the read then proves
+        # the notifying thread held the TID all along, so the pidfd names it.
+        pidfd = None
+        if not (self._entry_alive or cache.has_live(self.tid)):
+            try:
+                pidfd = linux.pidfd_open(self.tid, linux.PIDFD_THREAD)
+            except OSError:
+                pidfd = None
+        try:
+            status = read_status(self.tid)
+            self.listener.ensure_valid(self.notif.id)
+        except BaseException:
+            if pidfd is not None:
+                os.close(pidfd)
+            raise
         self._status = status
-        if self._cache is not None and status.frozen:
-            pidfd = self._pidfd()
-            if pidfd is not None and self._cache.put(self.tid, pidfd, status):
-                self._entry = (pidfd, status)
+        if pidfd is not None:
+            if cache.put(self.tid, pidfd, status if status.frozen else None):
+                self._entry_alive = True
+            else:
+                os.close(pidfd)
+        elif status.frozen:
+            cache.set_status(self.tid, status)
         return status
 
     def ensure_valid(self) -> None:
@@ -344,24 +358,17 @@ class TargetThread:
         notification that is gone reaches nobody)."""
         if fd < 0:
             raise SyscallError(errno.EBADF)
-        ours = self._getfd_cached(fd)
-        if ours is None:  # nothing cached, or the cached pidfd named a thread now gone
-            pidfd = self._pidfd()
-            transient = pidfd is None
-            if pidfd is None:
-                try:
-                    pidfd = linux.pidfd_open(self.tid, linux.PIDFD_THREAD)
-                except OSError as exc:
-                    if exc.errno != errno.EINVAL:
-                        raise NotificationGone(self.tid) from None
-                    pidfd = linux.pidfd_open(self.status.tgid)
+        cache = self._cache
+        ours: int | None = None
+        if cache is not None:
             try:
-                ours = linux.pidfd_getfd(pidfd, fd)
+                ours = cache.take_fd(self.tid, fd)
             except OSError as exc:
+                self._entry_alive = True
                 raise self._getfd_error(exc) from None
-            finally:
-                if transient:
-                    os.close(pidfd)
+            self._entry_alive = ours is not None
+        if ours is None:  # nothing cached, or the cached pidfd named a thread now gone
+            ours = self._take_fd_fresh(fd)
         if check:
             try:
                 self.ensure_valid()
@@ -370,19 +377,25 @@ class TargetThread:
                 raise
         return ours
 
-    def _getfd_cached(self, fd: int) -> int | None:
-        """pidfd_getfd through the cached pidfd; None if there is none or its thread is
-        gone. A success proves the thread alive, saving _alive's check."""
-        entry = self._cached()
-        if entry is None:
-            return None
+    def _take_fd_fresh(self, fd: int) -> int:
+        """pidfd_getfd through a new pidfd, kept in the cache afterwards."""
+        thread_pidfd = True
         try:
-            ours = linux.pidfd_getfd(entry[0], fd)
+            pidfd = linux.pidfd_open(self.tid, linux.PIDFD_THREAD)
         except OSError as exc:
-            if not self._alive(entry):
-                return None
+            if exc.errno != errno.EINVAL:
+                raise NotificationGone(self.tid) from None
+            thread_pidfd = False  # a kernel before PIDFD_THREAD (6.9)
+            pidfd = linux.pidfd_open(self.status.tgid)
+        try:
+            ours = linux.pidfd_getfd(pidfd, fd)
+        except OSError as exc:
+            os.close(pidfd)
             raise self._getfd_error(exc) from None
-        self._proven_alive = True
+        if thread_pidfd and self._cache is not None and self._cache.put(self.tid, pidfd, None):
+            self._entry_alive = True  # the getfd through it just worked
+        else:
+            os.close(pidfd)
         return ours
 
     def _getfd_error(self, exc: OSError) -> Exception:
