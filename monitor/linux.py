@@ -231,6 +231,12 @@ def kcmp_same_file(fd1: int, fd2: int) -> bool:
     return _check(_syscall(SYS_KCMP, pid, pid, KCMP_FILE, fd1, fd2)) == 0
 
 
+def is_open_file_of(pid: int, fd: int, ours: int) -> bool:
+    """Whether process (or thread) pid's fd is the open file our fd `ours` duplicates; False
+    too when pid or its fd is gone (kcmp's ESRCH, EBADF)."""
+    return int(_syscall(SYS_KCMP, pid, os.getpid(), KCMP_FILE, fd, ours)) == 0
+
+
 # --- per-thread credentials -------------------------------------------------------------
 # glibc's setgroups() and friends change every thread (its setxid broadcast); the raw
 # syscalls change only the calling thread, which is what a temporary switch needs.

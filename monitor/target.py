@@ -116,6 +116,9 @@ class ThreadCache:
         self._entries: dict[int, tuple[int, ThreadStatus | None]] = {}
         self._limit = limit
         self._lock = threading.Lock()
+        # The target's last mount_fd: (its number, our duplicate, its st_dev). Used only by
+        # the one thread that answers this target's calls, and closed with the cache.
+        self.mount_fd: tuple[int, int, int] | None = None
 
     def take_fd(self, tid: int, fd: int) -> int | None:
         """pidfd_getfd(fd) through tid's cached pidfd: None if nothing is cached, or if its
@@ -198,6 +201,9 @@ class ThreadCache:
         with self._lock:
             for tid in list(self._entries):
                 self._drop(tid)
+            if self.mount_fd is not None:
+                os.close(self.mount_fd[1])
+                self.mount_fd = None
 
 
 class TargetThread:
@@ -404,6 +410,27 @@ class TargetThread:
         if exc.errno == errno.EBADF:
             return SyscallError(errno.EBADF)
         return NotificationGone(self.tid)
+
+    def known_mount_fd(self, fd: int) -> int | None:
+        """The st_dev of the target's fd if it is still the open file it was when
+        remember_mount_fd saw it: one kcmp instead of pidfd_getfd, fcntl, fstat and close
+        (virtiofsd passes the same mount_fd to every open_by_handle_at). Like
+        take_fd(check=False), until the caller's next validated step."""
+        memo = self._cache.mount_fd if self._cache is not None else None
+        if memo is None or memo[0] != fd or not linux.is_open_file_of(self.tid, fd, memo[1]):
+            return None
+        return memo[2]
+
+    def remember_mount_fd(self, fd: int, ours: int, dev: int) -> bool:
+        """Keep ours (a duplicate of the target's fd, which the cache then owns) for
+        known_mount_fd; False if there is no cache (the caller keeps ours)."""
+        cache = self._cache
+        if cache is None:
+            return False
+        if cache.mount_fd is not None:
+            os.close(cache.mount_fd[1])
+        cache.mount_fd = (fd, ours, dev)
+        return True
 
     def open_cwd(self) -> int:
         return self._open_proc_link("cwd")

@@ -98,14 +98,26 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
 def _mount_fd_device(ctx: CallContext, mount_fd: int) -> int:
     """EBADF as the kernel gives it (bad fd, or an O_PATH fd), else the fd's st_dev."""
     # Only an errno depends on it; ADDFD validates the notification before the fd lands.
-    fd = (ctx.thread.open_cwd() if mount_fd == kernel.AT_FDCWD
-          else ctx.thread.take_fd(mount_fd, check=False))
+    if mount_fd == kernel.AT_FDCWD:
+        fd = ctx.thread.open_cwd()
+        try:
+            return os.fstat(fd).st_dev
+        finally:
+            os.close(fd)
+    known = ctx.thread.known_mount_fd(mount_fd)
+    if known is not None:
+        return known
+    fd = ctx.thread.take_fd(mount_fd, check=False)
     try:
-        if mount_fd != kernel.AT_FDCWD and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
             raise SyscallError(errno.EBADF)
-        return os.fstat(fd).st_dev
-    finally:
+        dev = os.fstat(fd).st_dev
+    except BaseException:
         os.close(fd)
+        raise
+    if not ctx.thread.remember_mount_fd(mount_fd, fd, dev):
+        os.close(fd)
+    return dev
 
 
 def _reopen_as_target(ctx: CallContext, obj: int, flags: int, is_dir: bool) -> int:

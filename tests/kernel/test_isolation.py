@@ -73,8 +73,9 @@ def test_ten_thousand_calls_keep_fds_and_memory_flat(spawn: Any, fhmon: Service)
     h = N2HResult.of(agent.call("n2h", path="file"))
     obh = {"handle_type": h.handle_type, "f_handle": h.f_handle.hex()}
     bad = {"handle_type": h.handle_type, "f_handle": (h.f_handle[:-1] + b"\0").hex()}
-    # warm up (imports, caches), then measure
+    # warm up (imports, caches, the remembered mount_fd), then measure
     agent.call("hammer", path="file", calls=500, threads=2)
+    assert agent.call("obh", **obh)["errno"] == 0
     time.sleep(1.5)  # fhmon forgets exited threads' cached pidfds once a second
     fds_before, rss_before = fhmon.fd_count(), fhmon.rss_kib()
     for spec in ({"path": "dir/inner"}, {"op2": "obh", "obh": obh, "path": ""},

@@ -1,5 +1,9 @@
-"""fhmon caches a pidfd (and frozen credentials) per target thread: a new thread that
-reuses a cached TID must be served as itself, not through the dead thread's entry.
+"""What fhmon remembers about a target between calls must never outlive what it names.
+
+- A pidfd (and frozen credentials) per target thread: a new thread that reuses a cached
+  TID must be served as itself, not through the dead thread's entry.
+- The last mount_fd of open_by_handle_at: a new file under the same fd number must be
+  judged afresh.
 
 The kernel hands out TIDs in order; root picks the next one through ns_last_pid, so the
 test makes the reuse happen instead of waiting for it.
@@ -7,6 +11,7 @@ test makes the reuse happen instead of waiting for it.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -57,3 +62,24 @@ def test_open_by_handle_at_from_a_thread_reusing_a_cached_tid(spawn: Any) -> Non
     first, second = call_on_reused_tid(agent, call)
     assert (first["errno"], second["errno"]) == (0, 0)
     assert (second["dev"], second["ino"]) == (first["dev"], first["ino"])
+
+
+def test_a_new_file_under_a_remembered_mount_fd_number_is_judged_afresh(spawn: Any) -> None:
+    agent: Agent = spawn()
+    handle = N2HResult.of(agent.call("n2h", path="file"))
+    obh = {"f_handle": handle.f_handle.hex(), "handle_type": handle.handle_type}
+    first = agent.call("open", path=".", flags=os.O_RDONLY, name="mnt")
+    assert first["errno"] == 0
+    assert agent.call("obh", mount_fd="mnt", **obh)["errno"] == 0  # now remembered
+    agent.call("close", name="mnt")
+    # The lowest free number comes back: the same number, other open files.
+    for path, flags, expected in [(".", os.O_PATH, errno.EBADF),  # the kernel: O_PATH
+                                  ("/proc", os.O_RDONLY, errno.ESTALE),  # another fs
+                                  (".", os.O_RDONLY, 0)]:
+        opened = agent.call("open", path=path, flags=flags, name="mnt")
+        assert (opened["errno"], opened["ret"]) == (0, first["ret"])
+        got = agent.call("obh", mount_fd="mnt", answer_within=30, **obh)
+        assert got["errno"] == expected, (path, flags, got)
+        agent.call("close", name="mnt")
+    # and a closed number: EBADF
+    assert agent.call("obh", mount_fd=opened["ret"], **obh)["errno"] == errno.EBADF
