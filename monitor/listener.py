@@ -106,7 +106,9 @@ class Listener:
 
     def id_valid(self, notif_id: int) -> bool:
         try:
-            fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_ID_VALID, kernel.pack_u64(notif_id))
+            # a mutable buffer: with bytes, fcntl.ioctl builds a copy to return (~0.4 us)
+            fcntl.ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_ID_VALID,
+                        bytearray(kernel.pack_u64(notif_id)), True)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return False
