@@ -86,6 +86,7 @@ class _Scratch(threading.local):
         self.iov_ptr = ctypes.c_void_p(ctypes.addressof(self.iov))
         self.local_iov = ctypes.create_string_buffer(16)
         self.local_iov_ptr = ctypes.c_void_p(ctypes.addressof(self.local_iov))
+        self.iovecs = (self.iov, self.iov_ptr, self.local_iov, self.local_iov_ptr)
         self.data = bytearray(_DATA_SIZE)
         self.data_addr = ctypes.addressof((ctypes.c_char * _DATA_SIZE).from_buffer(self.data))
         self.data_view = memoryview(self.data)
@@ -101,16 +102,19 @@ _IOV = struct.Struct("<QQ")
 _HANDLE_HEADER = struct.Struct("<Ii")
 
 
-def _iovecs(regions: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """One remote iovec per page touched: process_vm_readv/writev never split an iovec, so
-    this is what makes a short count say exactly where the accessible memory ends."""
+def _iovecs(regions: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, int]], int]:
+    """One remote iovec per page touched, and their total length: process_vm_readv/writev
+    never split an iovec, so this is what makes a short count say exactly where the
+    accessible memory ends."""
     ranges: list[tuple[int, int]] = []
+    total = 0
     for addr, length in regions:
         if addr % PAGE_SIZE + length <= PAGE_SIZE:
             ranges.append((addr, length))  # the common case, without the general split
         else:
             ranges.extend(split_page_ranges(addr, length))
-    return ranges
+        total += length
+    return ranges, total
 
 
 def pidfd_open(pid: int, flags: int = 0) -> int:
@@ -135,8 +139,7 @@ def process_vm_read(pid: int, addr: int, length: int) -> bytes:
 def process_vm_read_regions(pid: int, regions: Sequence[tuple[int, int]]) -> bytes:
     """Read several (addr, length) regions in one call, concatenated: the readable prefix,
     which stops (page-exact) at the first page that cannot be read."""
-    ranges = _iovecs(regions)
-    length = sum(size for _, size in ranges)
+    ranges, length = _iovecs(regions)
     if length <= _DATA_SIZE:
         got = _transfer(SYS_PROCESS_VM_READV, pid, ranges, _scratch.data_addr, length)
         return _scratch.data_view[:got].tobytes()
@@ -148,11 +151,10 @@ def process_vm_read_regions(pid: int, regions: Sequence[tuple[int, int]]) -> byt
 def process_vm_write(pid: int, chunks: Sequence[tuple[int, bytes]]) -> int:
     """Write each (addr, data) in order in one call; returns the bytes written, which stop
     (page-exact) at the first page that cannot be written."""
-    payload = b"".join(data for _, data in chunks)
-    size = len(payload)
+    payload = b"".join([data for _, data in chunks])
+    ranges, size = _iovecs([(addr, len(data)) for addr, data in chunks])
     if not size:
         return 0
-    ranges = _iovecs([(addr, len(data)) for addr, data in chunks])
     if size <= _DATA_SIZE:
         _scratch.data[:size] = payload
         return _transfer(SYS_PROCESS_VM_WRITEV, pid, ranges, _scratch.data_addr, size)
@@ -164,13 +166,16 @@ def _transfer(nr: int, pid: int, ranges: Sequence[tuple[int, int]], local_addr: 
               length: int) -> int:
     """process_vm_readv/writev (nr) between length bytes at local_addr and the remote
     ranges, one iovec each: the bytes moved, 0 when the first remote iovec faults."""
-    scratch = _scratch
-    iov = scratch.iov if len(ranges) <= _MAX_IOV else ctypes.create_string_buffer(16 * len(ranges))
-    iov_ptr = scratch.iov_ptr if iov is scratch.iov else ctypes.c_void_p(ctypes.addressof(iov))
-    for i, (start, size) in enumerate(ranges):
-        _IOV.pack_into(iov, 16 * i, start, size)
-    _IOV.pack_into(scratch.local_iov, 0, local_addr, length)
-    got = _syscall(nr, pid, scratch.local_iov_ptr, 1, iov_ptr, len(ranges), None)
+    iov, iov_ptr, local_iov, local_iov_ptr = _scratch.iovecs  # one thread-local lookup
+    if len(ranges) > _MAX_IOV:
+        iov = ctypes.create_string_buffer(16 * len(ranges))
+        iov_ptr = ctypes.c_void_p(ctypes.addressof(iov))
+    offset = 0
+    for start, size in ranges:
+        _IOV.pack_into(iov, offset, start, size)
+        offset += 16
+    _IOV.pack_into(local_iov, 0, local_addr, length)
+    got = _syscall(nr, pid, local_iov_ptr, 1, iov_ptr, len(ranges), None)
     if got < 0:
         err = _errno()
         if err == errno.EFAULT:  # at the first remote iovec: nothing moved

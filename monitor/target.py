@@ -304,7 +304,7 @@ class TargetThread:
             raise SyscallError(errno.EFAULT)
         first = min(kernel.PATH_MAX, kernel.PAGE_SIZE - addr % kernel.PAGE_SIZE)
         regions = [(addr, first)]
-        if prefetch is not None and prefetch[0] > 0 and sum(prefetch) <= 1 << 64:
+        if prefetch is not None and prefetch[0] > 0 and prefetch[0] + prefetch[1] <= 1 << 64:
             regions.append(prefetch)
         data = self._read(regions)
         nul = data.find(b"\0", 0, first)
@@ -346,11 +346,12 @@ class TargetThread:
         # One process_vm_writev for all chunks; it stops at the first page it cannot write,
         # as the kernel's copy_to_user calls, in order, stop at the first that faults.
         writable: list[tuple[int, bytes]] = []
+        expected = 0
         for addr, data in chunks:
             if addr == 0 or addr + len(data) > 1 << 64:
                 break
             writable.append((addr, data))
-        expected = sum(len(data) for _, data in writable)
+            expected += len(data)
         if linux.process_vm_write(self.tid, writable) != expected or len(writable) < len(chunks):
             raise SyscallError(errno.EFAULT)
 
