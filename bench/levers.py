@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
 import hashlib
 import hmac
@@ -32,11 +33,13 @@ import os
 import re
 import resource
 import select
+import shutil
 import signal
 import socket
 import statistics
 import struct
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -62,6 +65,7 @@ U64 = struct.Struct("<Q")
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
+SYS_KCMP = 312
 
 
 class _IoVec(ctypes.Structure):
@@ -206,12 +210,14 @@ def primitives(n: int) -> list[dict[str, Any]]:
             os.close(os.open(f"/proc/{pid}/cwd", os.O_PATH | os.O_CLOEXEC))
 
         add("target cwd", "open /proc/PID/cwd O_PATH + close", cwd)
+        rows.extend(_mount_fd_rows(pid, cached, n))
         add("target credentials", "read + parse /proc/PID/status", lambda: read_status(pid))
         rows.extend(_ctypes_rows(cached, n))
         rows.extend(_shipped_memory_rows(pid, addr, payload, n))
         os.close(cached)
         os.close(mem)
 
+    rows.extend(_own_fd_rows(n))
     raw = bytes(range(80))
     rows.extend(_parse_rows(raw, n))
     rows.extend(_mac_rows(n))
@@ -293,6 +299,53 @@ def _sigmask_rows(n: int) -> list[dict[str, Any]]:
              "us": per_op_us(raw, n)}]
 
 
+def _mount_fd_rows(pid: int, pidfd: int, n: int) -> list[dict[str, Any]]:
+    """open_by_handle_at's mount_fd: take and inspect it each call, or ask kcmp whether it
+    is still the open file a kept duplicate names (fhmon remembers the last one)."""
+    group = "check the target's mount_fd (its fd 0 here)"
+    kept = pidfd_getfd(pidfd, 0)
+
+    def take_and_inspect() -> None:
+        fd = pidfd_getfd(pidfd, 0)
+        try:
+            fcntl.fcntl(fd, fcntl.F_GETFL)
+            os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def ask_kcmp() -> None:
+        if _syscall(SYS_KCMP, pid, os.getpid(), 0, 0, kept) != 0:
+            raise OSError(ctypes.get_errno(), "kcmp")
+
+    try:
+        return [{"group": group, "name": "pidfd_getfd + fcntl + fstat + close",
+                 "us": per_op_us(take_and_inspect, n)},
+                {"group": group, "name": "kcmp against a kept duplicate (as shipped)",
+                 "us": per_op_us(ask_kcmp, n)}]
+    finally:
+        os.close(kept)
+
+
+def _own_fd_rows(n: int) -> list[dict[str, Any]]:
+    """The path of one of fhmon's own fds (the inside-the-share check readlinks the object
+    and the share root when the share is a plain directory, not a mount root)."""
+    group = "path of one of fhmon's fds (plain-directory share: 2 per name_to_handle_at)"
+    tree = tempfile.mkdtemp(prefix="fhmon-levers-", dir="/tmp")
+    deep = os.path.join(tree, "share", "dir", "inner")
+    os.makedirs(deep)
+    fd = os.open(deep, os.O_PATH | os.O_CLOEXEC)
+    proc_fd = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return [{"group": group, "name": "readlink /proc/self/fd/N",
+                 "us": per_op_us(lambda: os.readlink(f"/proc/self/fd/{fd}"), n)},
+                {"group": group, "name": "readlinkat on an open /proc/self/fd (as shipped)",
+                 "us": per_op_us(lambda: os.readlink(str(fd), dir_fd=proc_fd), n)}]
+    finally:
+        os.close(fd)
+        os.close(proc_fd)
+        shutil.rmtree(tree, ignore_errors=True)
+
+
 def _parse_rows(raw: bytes, n: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     group = "parse seccomp_notif (80 B)"
@@ -301,8 +354,11 @@ def _parse_rows(raw: bytes, n: int) -> list[dict[str, Any]]:
     try:
         from protocol.kernel import Notification
 
-        rows.append({"group": group, "name": "protocol.kernel.Notification.parse (dataclass)",
+        rows.append({"group": group,
+                     "name": "protocol.kernel.Notification.parse (NamedTuple, as shipped)",
                      "us": per_op_us(lambda: Notification.parse(raw), n)})
+        rows.append({"group": group, "name": "the same fields in a frozen dataclass",
+                     "us": per_op_us(lambda: _FrozenNotification.parse(raw), n)})
     except ImportError:
         pass
     try:
@@ -319,6 +375,24 @@ def _parse_rows(raw: bytes, n: int) -> list[dict[str, Any]]:
     except ImportError:
         pass
     return rows
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _FrozenNotification:
+    """protocol.kernel.Notification as it was before it became a NamedTuple."""
+
+    id: int
+    pid: int
+    flags: int
+    nr: int
+    arch: int
+    instruction_pointer: int
+    args: tuple[int, ...]
+
+    @classmethod
+    def parse(cls, raw: bytes) -> _FrozenNotification:
+        v = NOTIF.unpack(raw)
+        return cls(v[0], v[1], v[2], v[3], v[4], v[5], v[6:])
 
 
 def _mac_rows(n: int) -> list[dict[str, Any]]:

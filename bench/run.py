@@ -157,6 +157,10 @@ def detect_variants(keys: dict[str, str]) -> dict[str, dict[str, str]]:
 
 
 def make_base() -> Path:
+    """The bench's tree. The share is the root of a mount of its own (a bind mount of
+    itself), as a PVC is in KubeVirt: fhmon then confines by mount alone. A share that is
+    a plain directory adds the path check's two readlinks per name_to_handle_at (bench.
+    levers measures them)."""
     base = Path(tempfile.mkdtemp(prefix="fhmon-bench-", dir="/tmp"))
     base.chmod(0o755)
     share = base / "share"
@@ -164,10 +168,20 @@ def make_base() -> Path:
     for i in range(64):
         (share / f"f{i:03d}").write_text(f"file {i}\n")
         (share / f"f{i:03d}").chmod(0o644)
+    done = subprocess.run(["mount", "--bind", str(share), str(share)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        shutil.rmtree(base, ignore_errors=True)
+        raise BenchError(f"cannot bind-mount the bench share: {done.stderr.strip()}")
     shutil.copy(HERE / "target.py", base / "target.py")
     (base / "target.py").chmod(0o644)
     (base / "logs").mkdir()
     return base
+
+
+def remove_base(base: Path) -> None:
+    subprocess.run(["umount", "-l", str(base / "share")], capture_output=True)
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def per_thread_calls(cell: Cell, calls: int, minimum: int) -> int:
@@ -299,7 +313,7 @@ def profile(op: str, calls: int, args: argparse.Namespace) -> int:
     finally:
         pool.stop()
         monitor.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        remove_base(base)
     return 0
 
 
@@ -451,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for m in monitors.values():
             m.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        remove_base(base)
     report["load_end"] = loadavg()
     bad = [r for r in report["results"] if r["errors"]]
     if bad:
