@@ -15,7 +15,8 @@ from monitor.handlers.base import CallContext, Handler, Middleware, Outcome
 from monitor.listener import NotificationGone
 from monitor.target import SyscallError
 
-# Answers that mean "fhmon refused on policy", worth an audit line when a note says why.
+# Answers that mean "fhmon refused on policy", worth an audit line when the handler said why
+# (SyscallError.reason).
 _POLICY_ERRNOS = {errno.EACCES, errno.ESTALE, errno.EOPNOTSUPP, errno.ENOSYS, errno.ELOOP}
 
 
@@ -81,15 +82,17 @@ def metrics_middleware(stats: CallStats, observers: list[ObserveFn] | None = Non
     def wrap(name: str, handler: Handler) -> Handler:
         def measured(ctx: CallContext) -> Outcome:
             start = time.perf_counter()
-            failure: SyscallError | None = None
+            result = "ok"
             try:
                 return handler(ctx)
             except SyscallError as exc:
-                failure = exc
+                result = result_name(exc)
+                raise
+            except NotificationGone:
+                result = "gone"  # the caller went away: nobody got an answer
                 raise
             finally:
                 elapsed = time.perf_counter() - start
-                result = "ok" if failure is None else result_name(failure)
                 record(name, result, elapsed)
                 for observe in extra:
                     observe(name, result, elapsed, ctx)
@@ -107,17 +110,16 @@ def audit_middleware(stats: CallStats) -> Middleware:
             try:
                 outcome = handler(ctx)
             except SyscallError as exc:
-                if exc.errno in _POLICY_ERRNOS and ctx.note:
+                if exc.errno in _POLICY_ERRNOS and exc.reason:
                     # Blame only a caller still waiting: the handler may have read bytes
                     # from a process that reused a dead target's TID (handlers leave the
                     # ID_VALID to their last step, which a refusal never reaches).
                     if not ctx.listener.id_valid(ctx.notif.id):
-                        ctx.note = ""
                         raise NotificationGone(ctx.notif.id) from None
                     with stats.lock:
-                        stats.refusals[ctx.note] += 1
+                        stats.refusals[exc.reason] += 1
                     log.audit("call_refused", syscall=name, errno=result_name(exc),
-                              reason=ctx.note, tid=ctx.thread.tid,
+                              reason=exc.reason, tid=ctx.thread.tid,
                               tgid=_tgid(ctx), share=ctx.share.host_path,
                               target=ctx.target_id)
                 elif events.isEnabledFor(logging.DEBUG):

@@ -26,7 +26,6 @@ class CallContext:
     keys: KeyRing
     signing: bool = True
     target_id: int = 0
-    note: str = ""  # why a call was refused, for the audit log
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,17 +26,6 @@ def syscall_name(nr: int) -> str:
     return entry[0] if entry else str(nr)
 
 
-def _noted(handler: Handler) -> Handler:
-    """Innermost: a refusal's reason becomes ctx.note, for every middleware to see."""
-    def noted(ctx: CallContext) -> Outcome:
-        try:
-            return handler(ctx)
-        except SyscallError as exc:
-            ctx.note = ctx.note or exc.reason
-            raise
-    return noted
-
-
 def _unexpected(ctx: CallContext) -> Outcome:
     """Anything else the filter delivers (another syscall, another arch): a clean ENOSYS."""
     raise SyscallError(errno.ENOSYS,
@@ -54,7 +43,6 @@ class Dispatcher:
             self._chain[(kernel.AUDIT_ARCH_X86_64, nr)] = (name, self._wrap(name, handler))
 
     def _wrap(self, name: str, handler: Handler) -> Handler:
-        handler = _noted(handler)
         for mw in reversed(self._middleware):
             handler = mw(name, handler)
         return handler

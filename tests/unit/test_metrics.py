@@ -49,3 +49,28 @@ def test_a_worker_report_adds_counts_samples_and_refusals() -> None:
     assert got[("fhmon_call_duration_seconds_count", (("syscall", "name_to_handle_at"),))] == 3
     assert got[("fhmon_mac_failures_total", ())] == 1
     assert got[("fhmon_confinement_refusals_total", (("reason", "bad or foreign MAC"),))] == 1
+
+
+def test_the_middleware_counts_answers_errnos_and_calls_whose_caller_went_away() -> None:
+    import errno
+
+    import pytest
+
+    from monitor.listener import NotificationGone
+    from monitor.metrics import metrics_middleware
+    from monitor.target import SyscallError
+
+    stats = CallStats()
+    wrap = metrics_middleware(stats)
+
+    def gone(ctx: object) -> None:
+        raise NotificationGone(1)
+
+    def refused(ctx: object) -> None:
+        raise SyscallError(errno.ESTALE, "bad or foreign MAC")
+
+    for handler, kind in ((gone, NotificationGone), (refused, SyscallError)):
+        with pytest.raises(kind):
+            wrap("open_by_handle_at", handler)(None)  # type: ignore[arg-type]
+    wrap("open_by_handle_at", lambda ctx: None)(None)  # type: ignore[arg-type,return-value]
+    assert stats.as_dict() == {"open_by_handle_at": {"ESTALE": 1, "gone": 1, "ok": 1}}
