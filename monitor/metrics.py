@@ -51,15 +51,31 @@ class CallStats:
         counts[bisect.bisect_left(LATENCY_BUCKETS, elapsed)] += 1
 
     def merge(self, results: dict[tuple[str, str], int], seconds: dict[str, float],
-              refusals: dict[str, int], samples: list[tuple[str, float]]) -> None:
+              refusals: dict[str, int], buckets: dict[str, list[int]]) -> None:
         """Add counts made elsewhere (a worker process's report)."""
         with self.lock:
             self.results.update(results)
             for syscall, spent in seconds.items():
                 self.seconds[syscall] = self.seconds.get(syscall, 0.0) + spent
             self.refusals.update(refusals)
-            for syscall, elapsed in samples:
-                self._bucket(syscall, elapsed)
+            for syscall, counts in buckets.items():
+                if len(counts) != len(LATENCY_BUCKETS) + 1:
+                    continue  # another layout: not ours to add
+                mine = self.buckets.setdefault(syscall, [0] * (len(LATENCY_BUCKETS) + 1))
+                for i, count in enumerate(counts):
+                    mine[i] += count
+
+    def take(self) -> tuple[dict[tuple[str, str], int], dict[str, float], dict[str, int],
+                            dict[str, list[int]]]:
+        """Everything counted so far, and start again from zero (a worker's report)."""
+        with self.lock:
+            taken = (dict(self.results), dict(self.seconds), dict(self.refusals),
+                     self.buckets)
+            self.results.clear()
+            self.seconds.clear()
+            self.refusals.clear()
+            self.buckets = {}
+        return taken
 
     def as_dict(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -74,9 +90,8 @@ def result_name(exc: SyscallError | None) -> str:
     return errno.errorcode.get(exc.errno, str(exc.errno))
 
 
-def metrics_middleware(stats: CallStats, observers: list[ObserveFn] | None = None) -> Middleware:
+def metrics_middleware(stats: CallStats) -> Middleware:
     """Counts every call by syscall and result, and times it."""
-    extra = observers or []
     record = stats.record
 
     def wrap(name: str, handler: Handler) -> Handler:
@@ -94,8 +109,6 @@ def metrics_middleware(stats: CallStats, observers: list[ObserveFn] | None = Non
             finally:
                 elapsed = time.perf_counter() - start
                 record(name, result, elapsed)
-                for observe in extra:
-                    observe(name, result, elapsed, ctx)
         return measured
     return wrap
 
@@ -139,8 +152,3 @@ def _tgid(ctx: CallContext) -> int | None:
         return ctx.thread.status.tgid
     except Exception:
         return None
-
-
-from collections.abc import Callable  # noqa: E402
-
-ObserveFn = Callable[[str, str, float, CallContext], None]

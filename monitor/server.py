@@ -523,7 +523,7 @@ class Service:
         raise RuntimeError(f"worker process {worker.process.pid} ended (status {code})")
 
     def _merge_report(self, report: worker_wire.Report) -> None:
-        self.stats.merge(report.results, report.seconds, report.refusals, report.samples)
+        self.stats.merge(report.results, report.seconds, report.refusals, report.buckets)
         for target_id, calls in report.calls.items():
             target = self.targets.get(target_id)
             if target is not None:

@@ -37,7 +37,6 @@ import trio
 from monitor import fdpass, linux, log
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.dispatch_thread import DispatchThread
-from monitor.handlers.base import CallContext
 from monitor.handlers.registry import Dispatcher
 from monitor.listener import Listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
@@ -48,34 +47,13 @@ from protocol import worker as wire
 REPORT_INTERVAL = 0.5  # seconds between reports to fhmon serve
 
 
-class _Samples:
-    """The metrics observer of a worker: latency samples and per-call bookkeeping, handed
-    to fhmon serve in each report."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.samples: list[tuple[str, float]] = []
-
-    def observe(self, syscall: str, result: str, seconds: float, ctx: CallContext) -> None:
-        with self.lock:
-            if len(self.samples) < wire.MAX_SAMPLES:
-                self.samples.append((syscall, seconds))
-
-    def take(self) -> list[tuple[str, float]]:
-        with self.lock:
-            samples, self.samples = self.samples, []
-        return samples
-
-
 class Worker:
     def __init__(self, control: socket.socket, start: wire.Start, keys: KeyRing) -> None:
         self.control = control
         self.start = start
         self.keys = keys
         self.stats = CallStats()
-        self.samples = _Samples()
-        dispatcher = Dispatcher([metrics_middleware(self.stats, [self.samples.observe]),
-                                 audit_middleware(self.stats)])
+        dispatcher = Dispatcher([metrics_middleware(self.stats), audit_middleware(self.stats)])
         self.dispatch = DispatchThread(Answerer(dispatcher, lambda: self.keys, start.signing))
         self.targets: dict[int, Target] = {}
         self._reported_calls: dict[int, int] = {}
@@ -153,14 +131,9 @@ class Worker:
             target.close()
 
     def _report(self) -> None:
-        report = wire.Report(samples=self.samples.take())
-        with self.stats.lock:
-            report.results = dict(self.stats.results)
-            report.seconds = dict(self.stats.seconds)
-            report.refusals = dict(self.stats.refusals)
-            self.stats.results.clear()
-            self.stats.seconds.clear()
-            self.stats.refusals.clear()
+        results, seconds, refusals, buckets = self.stats.take()
+        report = wire.Report(results=results, seconds=seconds, refusals=refusals,
+                             buckets=buckets)
         for target_id, target in list(self.targets.items()):
             new = target.calls - self._reported_calls.get(target_id, 0)
             if new:
@@ -169,7 +142,7 @@ class Worker:
         for target_id in list(self._reported_calls):
             if target_id not in self.targets:
                 del self._reported_calls[target_id]
-        if not report.empty() or report.samples:
+        if not report.empty():
             self.control.sendall(wire.encode(report))
 
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 MAX_MESSAGE: Final = 160 * 1024  # below a unix socket's default send buffer (~208 KiB)
-MAX_SAMPLES: Final = 15_000  # per report, ~75 KiB; beyond it samples drop, counts stay exact
 ADD_TARGET_FDS: Final = 3
 
 
@@ -70,13 +69,15 @@ class ReloadKeys:
 
 @dataclass(slots=True)
 class Report:
-    """Counts since the last report; samples are (syscall, seconds) of answered calls."""
+    """Counts since the last report. buckets: per syscall, how many calls fell in each
+    latency bucket (fhmon's fixed bounds, monitor/metrics.py), so that a report's size does
+    not grow with the calls it covers."""
 
     results: dict[tuple[str, str], int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     refusals: dict[str, int] = field(default_factory=dict)
     calls: dict[int, int] = field(default_factory=dict)  # by target id
-    samples: list[tuple[str, float]] = field(default_factory=list)
+    buckets: dict[str, list[int]] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return not (self.results or self.refusals or self.calls)
@@ -109,7 +110,7 @@ def encode(message: Message) -> bytes:
                     "results": [[sc, res, n] for (sc, res), n in message.results.items()],
                     "seconds": message.seconds, "refusals": message.refusals,
                     "calls": [[tid, n] for tid, n in message.calls.items()],
-                    "samples": _encode_samples(message.samples)}
+                    "buckets": message.buckets}
     data = json.dumps(body, separators=(",", ":")).encode()
     if len(data) > MAX_MESSAGE:
         raise WorkerProtocolError(f"message of {len(data)} bytes is over {MAX_MESSAGE}")
@@ -142,19 +143,10 @@ def decode(data: bytes) -> Message:
                 {_str(sc): float(sec) for sc, sec in body["seconds"].items()},
                 {_str(note): _int(n) for note, n in body["refusals"].items()},
                 {_int(tid): _int(n) for tid, n in body["calls"]},
-                [(_str(sc), _int(t) / 1e7) for sc, ticks in body["samples"].items()
-                 for t in ticks])
+                {_str(sc): [_count(n) for n in counts] for sc, counts in body["buckets"].items()})
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise WorkerProtocolError(f"malformed worker message: {exc}") from None
     raise WorkerProtocolError(f"unknown worker message {op!r}")
-
-
-def _encode_samples(samples: list[tuple[str, float]]) -> dict[str, list[int]]:
-    """Latencies by syscall in 100 ns units: ~4 bytes a sample on the wire."""
-    out: dict[str, list[int]] = {}
-    for syscall, seconds in samples[:MAX_SAMPLES]:
-        out.setdefault(syscall, []).append(round(seconds * 1e7))
-    return out
 
 
 def _str(value: Any) -> str:
@@ -167,6 +159,12 @@ def _int(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"expected an integer, got {type(value).__name__}")
     return value
+
+
+def _count(value: Any) -> int:
+    if _int(value) < 0:
+        raise ValueError(f"a count cannot be negative: {value}")
+    return int(value)
 
 
 def _bool(value: Any) -> bool:

@@ -39,11 +39,15 @@ def test_a_latency_on_a_bound_counts_in_that_bucket_as_in_prometheus() -> None:
 def test_a_worker_report_adds_counts_samples_and_refusals() -> None:
     stats = CallStats()
     stats.record("name_to_handle_at", "ok", 2e-5)
-    stats.merge({("name_to_handle_at", "ok"): 2, ("open_by_handle_at", "ESTALE"): 1},
-                {"name_to_handle_at": 4e-5, "open_by_handle_at": 1e-4},
-                {"bad or foreign MAC": 1}, [("name_to_handle_at", 2e-5),
-                                            ("name_to_handle_at", 2e-5),
-                                            ("open_by_handle_at", 1e-4)])
+    worker = CallStats()
+    for syscall, result, elapsed in (("name_to_handle_at", "ok", 2e-5),
+                                     ("name_to_handle_at", "ok", 2e-5),
+                                     ("open_by_handle_at", "ESTALE", 1e-4)):
+        worker.record(syscall, result, elapsed)
+    worker.refusals["bad or foreign MAC"] += 1
+    stats.merge(*worker.take())
+    assert worker.take() == ({}, {}, {}, {})  # a report starts the worker's counts afresh
+    stats.merge({}, {}, {}, {"open_by_handle_at": [1, 2]})  # another layout: ignored
     got = scrape(stats)
     assert got[("fhmon_calls_total", (("result", "ok"), ("syscall", "name_to_handle_at")))] == 3
     assert got[("fhmon_call_duration_seconds_count", (("syscall", "name_to_handle_at"),))] == 3
