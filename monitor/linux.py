@@ -239,7 +239,20 @@ def kcmp_same_file(fd1: int, fd2: int) -> bool:
 def is_open_file_of(pid: int, fd: int, ours: int) -> bool:
     """Whether process (or thread) pid's fd is the open file our fd `ours` duplicates; False
     too when pid or its fd is gone (kcmp's ESRCH, EBADF)."""
-    return int(_syscall(SYS_KCMP, pid, os.getpid(), KCMP_FILE, fd, ours)) == 0
+    return int(_syscall(SYS_KCMP, pid, _Own.pid, KCMP_FILE, fd, ours)) == 0
+
+
+class _Own:
+    """This process's pid: os.getpid() is a syscall each time (glibc caches no pid)."""
+
+    pid = os.getpid()
+
+    @classmethod
+    def after_fork(cls) -> None:
+        cls.pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_Own.after_fork)
 
 
 # --- per-thread credentials -------------------------------------------------------------
