@@ -172,6 +172,11 @@ def print_verdicts(report: dict[str, Any]) -> None:
         print(f"  [{mark:>7}] {v['target']}: {v['measured']} (target {v['asked']})")
 
 
+_SHARE_KINDS = {"mount": "the root of a mount of its own (as a PVC)",
+                "directory": "a plain directory (name_to_handle_at pays the path check)",
+                "?": "not recorded"}
+
+
 def markdown(report: dict[str, Any], plot_name: str | None) -> str:
     m = report["machine"]
     lines = [
@@ -183,7 +188,7 @@ def markdown(report: dict[str, Any], plot_name: str | None) -> str:
         f"Machine: {m['cpus']} vCPUs ({m['cpu_model']}), kernel {m['kernel']}, "
         f"Python {m['python']} (fhmon), {m['target_python']} (targets); fhmon at "
         f"{m['git']}. Load average at start {_load(report['load_start'])}, at end "
-        f"{_load(report['load_end'])}.",
+        f"{_load(report['load_end'])}. The share: {_SHARE_KINDS[m.get('share', '?')]}.",
         "",
         "### Targets",
         "",
