@@ -79,40 +79,32 @@ class acting_as:
     def __enter__(self) -> None:
         base = _base()
         creds = self._creds
-        if self._fsuid_only(base):
-            if creds.groups != base.groups:
-                linux.setgroups_thread(creds.groups)
-            linux.setfsgid(creds.fsgid)
-            linux.setfsuid(creds.fsuid)
-            return
         try:
             if creds.groups != base.groups:
                 linux.setgroups_thread(creds.groups)
             linux.setfsgid(creds.fsgid)
-            linux.setfsuid(creds.fsuid)
-            linux.capset_thread(creds.cap_effective & base.permitted, base.permitted,
-                                base.inheritable)
+            linux.setfsuid(creds.fsuid)  # drops the file-system caps if it leaves 0
+            if not self._fsuid_only(base):
+                linux.capset_thread(creds.cap_effective & base.permitted, base.permitted,
+                                    base.inheritable)
         except BaseException:
             self.__exit__(None, None, None)
             raise
 
     def _fsuid_only(self, base: _Baseline) -> bool:
+        """Whether the fsuid change alone leaves the right capabilities (no capset)."""
         creds = self._creds
         return (self._reopen_only and base.fsuid_drops_caps and creds.cap_effective == 0
                 and creds.fsuid != 0)
 
     def __exit__(self, *exc: object) -> None:
         base = _base()
-        if self._fsuid_only(base):
-            linux.setfsuid(base.fsuid)
-            linux.setfsgid(base.fsgid)
-            if self._creds.groups != base.groups:
-                linux.setgroups_thread(base.groups)
-            return
-        linux.capset_thread(base.permitted, base.permitted, base.inheritable)
-        linux.setfsuid(base.fsuid)
+        fsuid_only = self._fsuid_only(base)
+        if not fsuid_only:
+            linux.capset_thread(base.permitted, base.permitted, base.inheritable)
+        linux.setfsuid(base.fsuid)  # back to 0: the kernel raises the fs caps again
         linux.setfsgid(base.fsgid)
         if self._creds.groups != base.groups:
             linux.setgroups_thread(base.groups)
-        if base.effective != base.permitted:
+        if not fsuid_only and base.effective != base.permitted:
             linux.capset_thread(base.effective, base.permitted, base.inheritable)
