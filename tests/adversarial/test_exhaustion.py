@@ -2,8 +2,9 @@
 
 - Fairness: fhmon serves one call per listener turn, so a target hammering on 4 threads
   must not push a well-behaved target's p99 above 3x its solo p99. Measured with paired,
-  interleaved repetitions (the attacker is SIGSTOPped for the solo ones) and compared by
-  median, so that other load on the machine weighs on both sides alike.
+  interleaved repetitions (the attacker is SIGSTOPped for the solo ones); each pair gives a
+  ratio, and the median ratio is compared, so that other load on the machine weighs on
+  both sides of a pair alike.
 - Resources: after every scenario fhmon's fd count returns to its baseline and its RSS
   stays within a tolerance (the suite's scenario_guard); here the heaviest storms.
 - fd exhaustion by intake clients: fds passed over the socket are fhmon's until it closes
@@ -34,7 +35,7 @@ from tests.adversarial.conftest import Recorder
 from tests.conftest import Agent, Service, World
 from tests.handles import N2HResult
 
-REPS = 5
+REPS = 7
 CALLS = 1000
 FAST = {"path": "dir/deep/leaf"}  # cheap lookups, as many as it can
 HEAVY = {"path": "./" * 2040 + "file"}  # 2,041 components per lookup, 4 KiB paths
@@ -46,8 +47,10 @@ def p99_ms(agent: Agent) -> tuple[float, float]:
     return out["p99"] * 1e3, out["p50"] * 1e3
 
 
-def measure(spawn: Any, attack: dict[str, str]) -> tuple[float, float, str]:
-    """Victim p99 solo and beside the attacker: medians of REPS paired, interleaved runs."""
+def measure(spawn: Any, attack: dict[str, str]) -> tuple[float, str]:
+    """The victim's p99 beside the attacker over its p99 alone: the median over REPS paired,
+    interleaved runs of each pair's ratio (a burst of outside load lands on both runs of a
+    pair, not on a whole side); also the median p99s."""
     victim: Agent = spawn()
     attacker: Agent = spawn()
     p99_ms(victim)  # warm up both sides
@@ -70,27 +73,29 @@ def measure(spawn: Any, attack: dict[str, str]) -> tuple[float, float, str]:
         os.kill(attacker.pid, signal.SIGKILL)
     solo_p99 = statistics.median(p for p, _ in solo)
     loaded_p99 = statistics.median(p for p, _ in loaded)
+    ratio = statistics.median(load / alone for (alone, _), (load, _) in zip(solo, loaded,
+                                                                            strict=True))
     text = (f"p99 solo {solo_p99:.2f} ms, loaded {loaded_p99:.2f} ms "
-            f"({loaded_p99 / solo_p99:.2f}x); p50 solo "
+            f"(paired ratio, median: {ratio:.2f}x); p50 solo "
             f"{statistics.median(p for _, p in solo):.2f} ms, loaded "
             f"{statistics.median(p for _, p in loaded):.2f} ms")
     print(f"fairness {attack['path'][:16]!r}: p99 solo {[round(p, 2) for p, _ in solo]} ms, "
           f"loaded {[round(p, 2) for p, _ in loaded]} ms; {text}")
-    return solo_p99, loaded_p99, text
+    return ratio, text
 
 
 def test_fairness(spawn: Any, record: Recorder) -> None:
-    solo_p99, loaded_p99, text = measure(spawn, FAST)
+    ratio, text = measure(spawn, FAST)
     record(EXHAUSTION, f"fairness: a target issuing calls as fast as it can on 4 threads "
            f"beside a well-behaved one ({REPS} paired runs of {CALLS} calls, medians)",
-           "victim's p99 <= 3x its solo p99", text, ok=loaded_p99 <= 3 * solo_p99)
+           "victim's p99 <= 3x its solo p99", text, ok=ratio <= 3)
 
 
 def test_fairness_against_the_most_expensive_lookups(spawn: Any, record: Recorder) -> None:
     """Measured, not held to the 3x bound: beyond the issue's attacker, each call here costs
     fhmon a 4 KiB read and a 2,041-component walk; on 2 vCPUs the victim's p99 lands near
     3x (see docs/threat-model.md, R6). Asserted: every victim call is served, correctly."""
-    _, _, text = measure(spawn, HEAVY)
+    _, text = measure(spawn, HEAVY)
     record(EXHAUSTION, "fairness, measured: the attacker's 4 threads look up 4 KiB paths of "
            "2,041 components", "every victim call served (p99 ratio reported, not bounded)",
            text, ok=True)
