@@ -244,6 +244,38 @@ def hammer(cmd):
 
 # --- adversarial ops (tests/adversarial) ---------------------------------------------------
 
+def storm(cmd):
+    """name_to_handle_at(AT_FDCWD, path) on `threads` threads in the tightest loop this
+    program can make (buffers built once, nothing read back), `calls` per thread: a
+    caller that spends as little as it can between calls, so that it presses fhmon, not
+    the CPUs. Returns errno counts."""
+    raw_path = cmd["path"].encode() + b"\0"
+    counts = {}
+    lock = threading.Lock()
+    call = libc.syscall
+
+    def worker():
+        path = ctypes.create_string_buffer(raw_path, len(raw_path))
+        handle = ctypes.create_string_buffer(8 + 128)
+        mnt = ctypes.create_string_buffer(8)
+        mine = {}
+        for _ in range(cmd["calls"]):
+            ctypes.memmove(handle, b"\x80\0\0\0", 4)  # handle_bytes = 128
+            r = call(SYS_N2H, -100, path, handle, mnt, 0)
+            err = ctypes.get_errno() if r < 0 else 0
+            mine[err] = mine.get(err, 0) + 1
+        with lock:
+            for err, n in mine.items():
+                counts[str(err)] = counts.get(str(err), 0) + n
+
+    threads = [threading.Thread(target=worker) for _ in range(cmd.get("threads", 1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"results": counts}
+
+
 def race(cmd):
     """One thread calls in a loop while another rewrites the call's buffer in a tight loop.
 
@@ -321,7 +353,7 @@ def thread_call(cmd, ops):
     return out
 
 
-EXTRA_OPS = {"race": race}
+EXTRA_OPS = {"race": race, "storm": storm}
 
 
 def main():

@@ -1,6 +1,8 @@
 """Exhaustion and fairness: a hostile target or client tries to starve the others.
 
-- Fairness: fhmon serves one call per listener turn, so a target hammering on 4 threads
+- Fairness: fhmon serves one call per listener turn, so a target calling as fast as it can
+  on 4 threads (a tight loop that spends next to nothing between calls: it presses fhmon,
+  not the CPUs, and makes more calls per second than the test's general-purpose hammer)
   must not push a well-behaved target's p99 above 3x its solo p99. Measured with paired,
   interleaved repetitions (the attacker is SIGSTOPped for the solo ones); each pair gives a
   ratio, and the median ratio is compared, so that other load on the machine weighs on
@@ -55,7 +57,7 @@ def measure(spawn: Any, attack: dict[str, str]) -> tuple[float, str]:
     attacker: Agent = spawn()
     p99_ms(victim)  # warm up both sides
     assert attacker.proc.stdin is not None
-    attacker.proc.stdin.write(json.dumps({"op": "hammer", "calls": 10**8, "threads": 4,
+    attacker.proc.stdin.write(json.dumps({"op": "storm", "calls": 10**8, "threads": 4,
                                           **attack}) + "\n")
     attacker.proc.stdin.flush()
     time.sleep(0.3)
