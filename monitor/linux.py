@@ -232,27 +232,14 @@ AT_HANDLE_MNT_ID_UNIQUE: Final = 0x001
 
 
 def kcmp_same_file(fd1: int, fd2: int) -> bool:
-    pid = os.getpid()
+    pid = _ThisProcess.pid
     return _check(_syscall(SYS_KCMP, pid, pid, KCMP_FILE, fd1, fd2)) == 0
 
 
 def is_open_file_of(pid: int, fd: int, ours: int) -> bool:
     """Whether process (or thread) pid's fd is the open file our fd `ours` duplicates; False
     too when pid or its fd is gone (kcmp's ESRCH, EBADF)."""
-    return int(_syscall(SYS_KCMP, pid, _Own.pid, KCMP_FILE, fd, ours)) == 0
-
-
-class _Own:
-    """This process's pid: os.getpid() is a syscall each time (glibc caches no pid)."""
-
-    pid = os.getpid()
-
-    @classmethod
-    def after_fork(cls) -> None:
-        cls.pid = os.getpid()
-
-
-os.register_at_fork(after_in_child=_Own.after_fork)
+    return int(_syscall(SYS_KCMP, pid, _ThisProcess.pid, KCMP_FILE, fd, ours)) == 0
 
 
 # --- per-thread credentials -------------------------------------------------------------
@@ -312,44 +299,48 @@ def capset_thread(effective: int, permitted: int, inheritable: int) -> None:
     _check(_syscall(SYS_CAPSET, ctypes.byref(header), data))
 
 
-# --- fhmon's own fds by number --------------------------------------------------------------
-# Opening or reading a link relative to an open /proc/self/fd walks one path component
-# instead of four ("/proc", "self", "fd", N): ~0.9 us less for each of the per-call
-# readlinks (the inside-the-share checks) and reopens (open_by_handle_at).
+# --- this process: its pid, its own fds by number ------------------------------------------
 
-class _OwnFdDir:
-    """/proc/self/fd of this process, opened on first use and again after a fork (the
-    child's /proc/self is another directory)."""
+class _ThisProcess:
+    """What a call needs about fhmon's own process, kept rather than asked each time, and
+    renewed in a forked child (whose pid and /proc/self differ):
+    - the pid: os.getpid() is a syscall each time (glibc caches no pid);
+    - an open /proc/self/fd: opening or reading a link relative to it walks one path
+      component instead of four ("/proc", "self", "fd", N), ~0.9 us less for each of the
+      per-call readlinks (the inside-the-share checks) and reopens (open_by_handle_at).
+      Opened on first use, or by open_own_fd_dir at startup."""
 
-    fd = -1
-
-    @classmethod
-    def get(cls) -> int:
-        if cls.fd < 0:
-            cls.fd = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        return cls.fd
+    pid = os.getpid()
+    fd_dir = -1
 
     @classmethod
-    def forget_in_child(cls) -> None:
-        if cls.fd >= 0:
-            os.close(cls.fd)
-            cls.fd = -1
+    def own_fd_dir(cls) -> int:
+        if cls.fd_dir < 0:
+            cls.fd_dir = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return cls.fd_dir
+
+    @classmethod
+    def after_fork_in_child(cls) -> None:
+        cls.pid = os.getpid()
+        if cls.fd_dir >= 0:
+            os.close(cls.fd_dir)
+            cls.fd_dir = -1
 
 
-os.register_at_fork(after_in_child=_OwnFdDir.forget_in_child)
+os.register_at_fork(after_in_child=_ThisProcess.after_fork_in_child)
 
 
 def open_own_fd_dir() -> None:
     """Open it now (at startup, so that fd baselines include it)."""
-    _OwnFdDir.get()
+    _ThisProcess.own_fd_dir()
 
 
 def fd_path(fd: int) -> str:
     """The path of one of fhmon's own fds, as the kernel prints it (d_path)."""
-    return os.readlink(str(fd), dir_fd=_OwnFdDir.get())
+    return os.readlink(str(fd), dir_fd=_ThisProcess.own_fd_dir())
 
 
 def reopen(fd: int, flags: int) -> int:
     """open("/proc/self/fd/FD", flags): a new open file for the object fd names, with the
     permission checks of an open (O_NOFOLLOW would refuse the link itself)."""
-    return os.open(str(fd), flags, dir_fd=_OwnFdDir.get())
+    return os.open(str(fd), flags, dir_fd=_ThisProcess.own_fd_dir())
