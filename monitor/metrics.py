@@ -45,10 +45,13 @@ class CallStats:
             self._bucket(syscall, elapsed)
 
     def _bucket(self, syscall: str, elapsed: float) -> None:
+        self._counts(syscall)[bisect.bisect_left(LATENCY_BUCKETS, elapsed)] += 1
+
+    def _counts(self, syscall: str) -> list[int]:
         counts = self.buckets.get(syscall)
         if counts is None:
             counts = self.buckets[syscall] = [0] * (len(LATENCY_BUCKETS) + 1)
-        counts[bisect.bisect_left(LATENCY_BUCKETS, elapsed)] += 1
+        return counts
 
     def merge(self, results: dict[tuple[str, str], int], seconds: dict[str, float],
               refusals: dict[str, int], buckets: dict[str, list[int]]) -> None:
@@ -61,7 +64,7 @@ class CallStats:
             for syscall, counts in buckets.items():
                 if len(counts) != len(LATENCY_BUCKETS) + 1:
                     continue  # another layout: not ours to add
-                mine = self.buckets.setdefault(syscall, [0] * (len(LATENCY_BUCKETS) + 1))
+                mine = self._counts(syscall)
                 for i, count in enumerate(counts):
                     mine[i] += count
 
@@ -84,9 +87,8 @@ class CallStats:
         return out
 
 
-def result_name(exc: SyscallError | None) -> str:
-    if exc is None:
-        return "ok"
+def result_name(exc: SyscallError) -> str:
+    """A refused call's result label: its errno's name."""
     return errno.errorcode.get(exc.errno, str(exc.errno))
 
 

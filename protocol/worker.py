@@ -162,9 +162,10 @@ def _int(value: Any) -> int:
 
 
 def _count(value: Any) -> int:
-    if _int(value) < 0:
+    count = _int(value)
+    if count < 0:
         raise ValueError(f"a count cannot be negative: {value}")
-    return int(value)
+    return count
 
 
 def _bool(value: Any) -> bool:
