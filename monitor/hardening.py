@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import Any
 
 from monitor import linux
 
@@ -50,3 +51,19 @@ def drop_capabilities() -> list[str]:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+def lock_down(*, drop_caps: bool, sandbox: bool) -> dict[str, dict[str, Any]]:
+    """The last start-up steps of a process that answers calls (`fhmon serve`, a worker),
+    in their order: drop capabilities; open what calls need of the process's own (its
+    /proc/self/fd); install the sandbox, which allows no execve (so after any process was
+    spawned). Returns the fields of a log event per step taken, by event name."""
+    done: dict[str, dict[str, Any]] = {}
+    if drop_caps:
+        done["capabilities"] = {"kept": drop_capabilities()}
+    linux.open_own_fd_dir()
+    if sandbox:
+        from monitor import sandbox as seccomp_sandbox
+
+        done["sandbox"] = {"rules": seccomp_sandbox.install()}
+    return done

@@ -25,12 +25,13 @@ from typing import Any
 
 import trio
 
-from monitor import fdpass, linux, log
+from monitor import fdpass, log
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.config import Config
 from monitor.credentials import acting_as
 from monitor.dispatch_thread import DispatchThread
 from monitor.handlers.registry import Dispatcher
+from monitor.hardening import lock_down
 from monitor.linux import kcmp_same_file
 from monitor.listener import Listener, is_seccomp_listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
@@ -174,15 +175,9 @@ class Service:
             # Before the sandbox: it allows no execve.
             for _ in range(self.config.workers):
                 self._workers.append(await WorkerProcess.spawn(self._worker_start()))
-            if self.config.drop_capabilities:
-                from monitor.hardening import drop_capabilities
-
-                log.event("capabilities", kept=drop_capabilities())
-            linux.open_own_fd_dir()  # after the workers' fork: this process's own
-            if self.config.sandbox:
-                from monitor import sandbox
-
-                log.event("sandbox", rules=sandbox.install())
+            for event, fields in lock_down(drop_caps=self.config.drop_capabilities,
+                                           sandbox=self.config.sandbox).items():
+                log.event(event, **fields)
             if (self.config.dispatch_thread and not self.config.recv_thread
                     and not self._workers):
                 self._dispatch = DispatchThread(self._answer)

@@ -34,10 +34,11 @@ from collections.abc import Callable
 
 import trio
 
-from monitor import fdpass, linux, log
+from monitor import fdpass, log
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.dispatch_thread import DispatchThread
 from monitor.handlers.registry import Dispatcher
+from monitor.hardening import lock_down
 from monitor.listener import Listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
 from monitor.policy import Share
@@ -182,15 +183,7 @@ def main(argv: list[str]) -> int:
     except KeyDirError as exc:
         log.event("worker_failed", logging.ERROR, error=str(exc))
         return 2
-    if start.drop_capabilities:
-        from monitor.hardening import drop_capabilities
-
-        drop_capabilities()
-    linux.open_own_fd_dir()
-    if start.sandbox:
-        from monitor import sandbox
-
-        sandbox.install()
+    lock_down(drop_caps=start.drop_capabilities, sandbox=start.sandbox)
     worker = Worker(control, start, keys)
     log.event("worker_serving", pid=os.getpid())  # ready: every fd of its own is open
     worker.run()
