@@ -40,3 +40,12 @@ class N2HResult:
             if b != CANARY:
                 last = i
         return last + 1
+
+    def untouched_from(self, offset: int) -> bool:
+        """Whether every byte of the handle buffer from offset on still holds the canary.
+
+        A written byte may equal the canary by chance (a MAC byte is 0xA5 one time in 256),
+        so a call that wrote exactly offset bytes is checked this way, not by its extent.
+        """
+        assert self.memory is not None
+        return all(b == CANARY for b in self.memory[offset:])

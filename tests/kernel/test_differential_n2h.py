@@ -100,7 +100,7 @@ def check_pair(fh_raw: dict[str, Any], kern_raw: dict[str, Any], where: dict[str
         assert fh.handle_bytes == k_len + TRAILER, context
         assert fh.f_handle[:k_len] == kern.f_handle, context
         assert fh.mount_mem == kern.mount_mem, context
-        assert fh.written_extent() == 8 + k_len + TRAILER, context
+        assert fh.untouched_from(8 + k_len + TRAILER), context
         return
     assert fh.errno == kern.errno, context
     if kern.errno == errno.EOVERFLOW:
