@@ -10,6 +10,16 @@ busy targets the CPU per call tripled.
 trio still owns the lifetimes: a target's task adds its listener here and sleeps until the
 thread reports the hang-up (or until the task is cancelled); `remove` returns only when
 the thread is not answering a call, so the task may then close the target's fds.
+
+RECV blocks (it ignores O_NONBLOCK), and a blocked RECV would stop every target's calls.
+It cannot block when epoll reported a call on a listener this thread alone receives from:
+the kernel counts each call it queues, only a RECV takes from that count, and a call
+withdrawn before the RECV (its caller was signalled or died) leaves its count behind, so
+the RECV answers ENOENT at once (tests/kernel/test_listener_recv.py holds the kernel to
+that). A `poll` of the listener first is needed only where that reasoning does not hold:
+a listener added after epoll_wait began (its fd number may be a just-closed listener's
+that epoll reported) and listeners that worker processes share (another may have taken
+the call).
 """
 
 from __future__ import annotations
@@ -35,12 +45,16 @@ _HANGUP = select.EPOLLHUP | select.EPOLLERR
 class DispatchThread:
     """Answers the calls of every added target on one thread; `run` is that thread's body."""
 
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, *, sole_receiver: bool = True) -> None:
+        """sole_receiver: no other process RECVs from the listeners added here."""
         self._answer = answer
+        self._sole_receiver = sole_receiver
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._epoll.register(self._wake_r, select.EPOLLIN)
-        self._targets: dict[int, tuple[Target, Callable[[], None]]] = {}
+        # listener fd -> (target, its hung_up, the _added count when it was added)
+        self._targets: dict[int, tuple[Target, Callable[[], None], int]] = {}
+        self._added = 0
         self._busy = threading.Lock()  # held while the thread works on events
         self._stopping = False
 
@@ -48,7 +62,8 @@ class DispatchThread:
         """Serve target's listener; hung_up runs (on the thread) once its filter has no task."""
         fd = target.listener.fd
         with self._busy:
-            self._targets[fd] = (target, hung_up)
+            self._added += 1
+            self._targets[fd] = (target, hung_up, self._added)
             # EPOLLEXCLUSIVE: with worker processes, every worker waits on every listener;
             # a call then wakes one of them, not all (measured: the others' wasted wake-ups
             # cost more CPU per call than the call itself at one caller).
@@ -80,6 +95,7 @@ class DispatchThread:
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         mark_signals_blocked()
         while not self._stopping:
+            added_before_wait = self._added  # add() runs under _busy, never during a batch
             events = self._epoll.poll()
             with self._busy:
                 for fd, mask in events:
@@ -87,16 +103,20 @@ class DispatchThread:
                         with contextlib.suppress(BlockingIOError):
                             os.read(self._wake_r, 64)
                         continue
-                    self._serve(fd, mask)
+                    self._serve(fd, mask, added_before_wait)
 
-    def _serve(self, fd: int, mask: int) -> None:
+    def _serve(self, fd: int, mask: int, added_before_wait: int) -> None:
         entry = self._targets.get(fd)
         if entry is None:
             return  # removed after epoll_wait returned
-        target, hung_up = entry
-        # The fd number may have been closed and reused by a new registration since epoll
-        # reported it: ask the listener itself, RECV must never block here.
-        ready = target.listener.poll() if not mask & _HANGUP else None
+        target, hung_up, added = entry
+        ready: bool | None
+        if mask & _HANGUP:
+            ready = None
+        elif self._sole_receiver and mask & select.EPOLLIN and added <= added_before_wait:
+            ready = True  # epoll saw a call on this very listener: RECV cannot block
+        else:
+            ready = target.listener.poll()  # RECV must never block here (module docstring)
         if ready is None:
             del self._targets[fd]
             with contextlib.suppress(OSError, ValueError):

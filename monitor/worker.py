@@ -55,7 +55,9 @@ class Worker:
         self.keys = keys
         self.stats = CallStats()
         dispatcher = Dispatcher([metrics_middleware(self.stats), audit_middleware(self.stats)])
-        self.dispatch = DispatchThread(Answerer(dispatcher, lambda: self.keys, start.signing))
+        # every worker waits on every listener: another may RECV the call epoll reported
+        self.dispatch = DispatchThread(Answerer(dispatcher, lambda: self.keys, start.signing),
+                                       sole_receiver=False)
         self.targets: dict[int, Target] = {}
         self._reported_calls: dict[int, int] = {}
 
