@@ -18,8 +18,8 @@ withdrawn before the RECV (its caller was signalled or died) leaves its count be
 the RECV answers ENOENT at once (tests/kernel/test_listener_recv.py holds the kernel to
 that). A `poll` of the listener first is needed only where that reasoning does not hold:
 a listener added after epoll_wait began (its fd number may be a just-closed listener's
-that epoll reported) and listeners that worker processes share (another may have taken
-the call).
+that epoll reported), and for listeners that worker processes share, under a lock that
+all of them take (another may have taken the call: listener.SharedReceiveLock).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from monitor.listener import mark_signals_blocked
+from monitor.listener import SharedReceiveLock, mark_signals_blocked
 from protocol import kernel
 
 if TYPE_CHECKING:
@@ -45,10 +45,11 @@ _HANGUP = select.EPOLLHUP | select.EPOLLERR
 class DispatchThread:
     """Answers the calls of every added target on one thread; `run` is that thread's body."""
 
-    def __init__(self, answer: Answer, *, sole_receiver: bool = True) -> None:
-        """sole_receiver: no other process RECVs from the listeners added here."""
+    def __init__(self, answer: Answer, *, shared: SharedReceiveLock | None = None) -> None:
+        """shared: other processes RECV from the listeners added here too (workers), and
+        every one of them takes this lock around its poll + RECV."""
         self._answer = answer
-        self._sole_receiver = sole_receiver
+        self._shared = shared
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._epoll.register(self._wake_r, select.EPOLLIN)
@@ -110,19 +111,32 @@ class DispatchThread:
         if entry is None:
             return  # removed after epoll_wait returned
         target, hung_up, added = entry
-        ready: bool | None
+        notif: kernel.Notification | None
         if mask & _HANGUP:
-            ready = None
-        elif self._sole_receiver and mask & select.EPOLLIN and added <= added_before_wait:
-            ready = True  # epoll saw a call on this very listener: RECV cannot block
+            self._forget(fd, hung_up)
+            return
+        if self._shared is not None:
+            with self._shared.held(target.target_id):
+                notif = self._poll_and_receive(fd, target, hung_up)
+        elif mask & select.EPOLLIN and added <= added_before_wait:
+            notif = target.listener.receive_ready()  # cannot block: the module docstring
         else:
-            ready = target.listener.poll()  # RECV must never block here (module docstring)
+            notif = self._poll_and_receive(fd, target, hung_up)
+        if notif is not None:
+            self._answer(target, notif)
+
+    def _poll_and_receive(self, fd: int, target: Target,
+                          hung_up: Callable[[], None]) -> kernel.Notification | None:
+        """RECV only if the listener says a call waits: RECV must never block here."""
+        ready = target.listener.poll()
         if ready is None:
-            del self._targets[fd]
-            with contextlib.suppress(OSError, ValueError):
-                self._epoll.unregister(fd)
-            hung_up()
-        elif ready:
-            notif = target.listener.receive_ready()
-            if notif is not None:
-                self._answer(target, notif)
+            self._forget(fd, hung_up)
+            return None
+        return target.listener.receive_ready() if ready else None
+
+    def _forget(self, fd: int, hung_up: Callable[[], None]) -> None:
+        """The filter has no task left: stop watching its listener and say so."""
+        del self._targets[fd]
+        with contextlib.suppress(OSError, ValueError):
+            self._epoll.unregister(fd)
+        hung_up()

@@ -6,12 +6,15 @@ call whose value matters (ADDFD returns the target's new fd number) passes a byt
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
 import os
 import select
+import struct
 import threading
+from collections.abc import Iterator
 
 from protocol import kernel
 
@@ -166,3 +169,42 @@ def is_seccomp_listener(fd: int) -> bool:
         return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:seccomp notify"
     except OSError:
         return False
+
+
+class SharedReceiveLock:
+    """Serialises poll + RECV on a listener between the worker processes that share it.
+
+    Every worker waits on every listener; two can see the same call, and the one whose
+    RECV comes second would sleep in it (RECV ignores O_NONBLOCK) until that target calls
+    again, answering no other listener meanwhile. Holding this lock, a worker polls and
+    RECVs only if a call still waits, so no RECV of a worker can sleep.
+
+    An open-file-description lock on one byte per target id of a file every worker opens
+    for itself (a lock of the same description would not exclude): uncontended, two fcntl
+    calls; released by the kernel if its worker dies.
+    """
+
+    _FLOCK = struct.Struct("hhqqi4x")  # struct flock: type, whence, start, len, pid
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @classmethod
+    def adopt(cls, shared_fd: int) -> SharedReceiveLock:
+        """This process's own description of the file behind shared_fd (which it closes)."""
+        try:
+            return cls(os.open(f"/proc/self/fd/{shared_fd}", os.O_RDWR | os.O_CLOEXEC))
+        finally:
+            os.close(shared_fd)
+
+    @contextlib.contextmanager
+    def held(self, key: int) -> Iterator[None]:
+        fcntl.fcntl(self.fd, fcntl.F_OFD_SETLKW, self._FLOCK.pack(fcntl.F_WRLCK, 0, key, 1, 0))
+        try:
+            yield
+        finally:
+            fcntl.fcntl(self.fd, fcntl.F_OFD_SETLKW,
+                        self._FLOCK.pack(fcntl.F_UNLCK, 0, key, 1, 0))
+
+    def close(self) -> None:
+        os.close(self.fd)

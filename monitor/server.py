@@ -173,8 +173,14 @@ class Service:
         sock = self.prepare_socket()
         try:
             # Before the sandbox: it allows no execve.
-            for _ in range(self.config.workers):
-                self._workers.append(await WorkerProcess.spawn(self._worker_start()))
+            if self.config.workers:
+                receive_lock_fd = os.memfd_create("fhmon-receive-lock", os.MFD_CLOEXEC)
+                try:
+                    for _ in range(self.config.workers):
+                        self._workers.append(
+                            await WorkerProcess.spawn(self._worker_start(), receive_lock_fd))
+                finally:
+                    os.close(receive_lock_fd)
             for event, fields in lock_down(drop_caps=self.config.drop_capabilities,
                                            sandbox=self.config.sandbox).items():
                 log.event(event, **fields)

@@ -39,7 +39,7 @@ from monitor.calls import Answerer, PeerCred, Target
 from monitor.dispatch_thread import DispatchThread
 from monitor.handlers.registry import Dispatcher
 from monitor.hardening import lock_down
-from monitor.listener import Listener
+from monitor.listener import Listener, SharedReceiveLock
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
 from monitor.policy import Share
 from monitor.signing import KeyDirError, KeyRing
@@ -49,15 +49,17 @@ REPORT_INTERVAL = 0.5  # seconds between reports to fhmon serve
 
 
 class Worker:
-    def __init__(self, control: socket.socket, start: wire.Start, keys: KeyRing) -> None:
+    def __init__(self, control: socket.socket, start: wire.Start, keys: KeyRing,
+                 receive_lock: SharedReceiveLock) -> None:
         self.control = control
         self.start = start
+        self.receive_lock = receive_lock
         self.keys = keys
         self.stats = CallStats()
         dispatcher = Dispatcher([metrics_middleware(self.stats), audit_middleware(self.stats)])
         # every worker waits on every listener: another may RECV the call epoll reported
         self.dispatch = DispatchThread(Answerer(dispatcher, lambda: self.keys, start.signing),
-                                       sole_receiver=False)
+                                       shared=receive_lock)
         self.targets: dict[int, Target] = {}
         self._reported_calls: dict[int, int] = {}
 
@@ -74,6 +76,7 @@ class Worker:
             for target_id in list(self.targets):
                 self._forget(target_id)
             self.dispatch.close()
+            self.receive_lock.close()
 
     def _control_loop(self) -> None:
         self.control.settimeout(REPORT_INTERVAL)
@@ -161,11 +164,12 @@ def _stop_on_signal(control: socket.socket) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not argv[0].isdigit():
-        print("usage: python -m monitor.worker CONTROL_FD (started by fhmon serve)",
-              file=sys.stderr)
+    if len(argv) != 2 or not all(arg.isdigit() for arg in argv):
+        print("usage: python -m monitor.worker CONTROL_FD RECEIVE_LOCK_FD (started by fhmon "
+              "serve)", file=sys.stderr)
         return 2
     control = socket.socket(fileno=int(argv[0]))
+    receive_lock = SharedReceiveLock.adopt(int(argv[1]))
     _stop_on_signal(control)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C goes to fhmon serve
     if os.getppid() == 1:
@@ -186,7 +190,7 @@ def main(argv: list[str]) -> int:
         log.event("worker_failed", logging.ERROR, error=str(exc))
         return 2
     lock_down(drop_caps=start.drop_capabilities, sandbox=start.sandbox)
-    worker = Worker(control, start, keys)
+    worker = Worker(control, start, keys, receive_lock)
     log.event("worker_serving", pid=os.getpid())  # ready: every fd of its own is open
     worker.run()
     return 0
@@ -206,12 +210,13 @@ class WorkerProcess:
         self.control = control
 
     @classmethod
-    async def spawn(cls, start: wire.Start) -> WorkerProcess:
+    async def spawn(cls, start: wire.Start, receive_lock_fd: int) -> WorkerProcess:
+        """receive_lock_fd: the file behind every worker's SharedReceiveLock."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "monitor.worker", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),))
+                [sys.executable, "-m", "monitor.worker", str(theirs.fileno()),
+                 str(receive_lock_fd)], pass_fds=(theirs.fileno(), receive_lock_fd))
         except BaseException:
             ours.close()
             raise

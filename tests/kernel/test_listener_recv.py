@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import select
 import signal
@@ -23,7 +24,7 @@ import pytest
 
 from monitor import seccomp_filter
 from monitor.dispatch_thread import DispatchThread
-from monitor.listener import Listener
+from monitor.listener import Listener, SharedReceiveLock
 from protocol import kernel
 from tests.conftest import NOBODY, SYSTEM_PYTHON, wait_until
 
@@ -174,3 +175,31 @@ def test_dispatch_thread_survives_a_call_withdrawn_before_its_recv(
         thread.join(10)
         assert not thread.is_alive()
         dispatch.close()
+
+
+def test_shared_receive_locks_exclude_each_other_per_target() -> None:
+    """Each worker's lock is its own open file description of one file: a key held by one
+    is busy for the other, another key is not, and a release frees it."""
+    shared = os.memfd_create("test-receive-lock", os.MFD_CLOEXEC)
+    first = SharedReceiveLock.adopt(os.dup(shared))
+    second = SharedReceiveLock.adopt(shared)
+    with pytest.raises(OSError):
+        os.fstat(shared)  # adopt closed the fd it was given
+    probe = SharedReceiveLock._FLOCK
+
+    def busy(lock: SharedReceiveLock, key: int) -> bool:
+        try:
+            fcntl.fcntl(lock.fd, fcntl.F_OFD_SETLK, probe.pack(fcntl.F_WRLCK, 0, key, 1, 0))
+        except BlockingIOError:
+            return True
+        fcntl.fcntl(lock.fd, fcntl.F_OFD_SETLK, probe.pack(fcntl.F_UNLCK, 0, key, 1, 0))
+        return False
+
+    try:
+        with first.held(7):
+            assert busy(second, 7)
+            assert not busy(second, 8)
+        assert not busy(second, 7)
+    finally:
+        first.close()
+        second.close()

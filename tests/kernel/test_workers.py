@@ -2,8 +2,8 @@
 
 The whole kernel suite also passes with FHMON_TEST_CONFIG pointing at `workers = 2`; these
 tests pin down what is particular to workers: that they answer, report their counts, let
-go of a target's fds when it ends, keep only fhmon's capabilities, and live exactly as long
-as fhmon serve.
+go of a target's fds when it ends, keep only fhmon's capabilities, live exactly as long
+as fhmon serve, and never sleep in RECV when two of them saw the same call.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from protocol import kernel
 from tests.conftest import Agent, Service, World, wait_until
 from tests.handles import N2HResult
 
@@ -118,3 +119,36 @@ def test_workers_end_with_serve_even_when_it_is_killed(workers_service: Service)
     while any(alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(alive(p) for p in workers)
+
+
+def threads_in_recv(pid: int) -> list[int]:
+    """The threads of pid sleeping in SECCOMP_IOCTL_NOTIF_RECV."""
+    sleeping = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/syscall").read_text().split()
+        except OSError:
+            continue
+        if fields[0] == "16" and int(fields[2], 16) == kernel.SECCOMP_IOCTL_NOTIF_RECV:
+            sleeping.append(int(tid))
+    return sleeping
+
+
+def test_no_worker_sleeps_in_recv_once_the_calls_stop(world: World,
+                                                      workers_service: Service) -> None:
+    """Two workers wait on the same listener; both may see one call. The one that does not
+    get it must not sleep in RECV (until the target's next call, away from every other
+    listener) but go back to waiting on all of them."""
+    service = workers_service
+    agent = Agent(world, "fhmon", world.main, service.socket)
+    try:
+        workers = service.status()["workers"]
+        for burst in range(200):  # the race is at a burst's last call
+            out = agent.call("hammer", path="file", threads=4, calls=3, answer_within=60)
+            assert set(out["results"]) == {"0"}, out
+            time.sleep(0.02)  # the workers answered the last calls
+            stuck = {pid: threads_in_recv(pid) for pid in workers}
+            assert not any(stuck.values()), (burst, stuck)
+    finally:
+        agent.close()
+        assert service.stop() == 0
