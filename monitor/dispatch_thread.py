@@ -47,7 +47,8 @@ class DispatchThread:
 
     def __init__(self, answer: Answer, *, shared: SharedReceiveLock | None = None) -> None:
         """shared: other processes RECV from the listeners added here too (workers), and
-        every one of them takes this lock around its poll + RECV."""
+        every one of them holds this lock around its poll + RECV (or leaves the call to
+        the one that holds it)."""
         self._answer = answer
         self._shared = shared
         self._epoll = select.epoll()
@@ -116,8 +117,13 @@ class DispatchThread:
             self._forget(fd, hung_up)
             return
         if self._shared is not None:
-            with self._shared.held(target.target_id):
+            if not self._shared.try_acquire(target.target_id):
+                os.sched_yield()  # let the worker that holds it (maybe on our CPU) go on
+                return
+            try:
                 notif = self._poll_and_receive(fd, target, hung_up)
+            finally:
+                self._shared.release(target.target_id)
         elif mask & select.EPOLLIN and added <= added_before_wait:
             notif = target.listener.receive_ready()  # cannot block: the module docstring
         else:

@@ -196,9 +196,10 @@ def test_shared_receive_locks_exclude_each_other_per_target() -> None:
         return False
 
     try:
-        with first.held(7):
-            assert busy(second, 7)
-            assert not busy(second, 8)
+        assert first.try_acquire(7)
+        assert busy(second, 7) and not second.try_acquire(7)
+        assert not busy(second, 8)
+        first.release(7)
         assert not busy(second, 7)
     finally:
         first.close()
