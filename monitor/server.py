@@ -39,7 +39,7 @@ from monitor.policy import RegistrationRefused, pin_share
 from monitor.prom import Metrics
 from monitor.signing import KeyDirError, KeyRing
 from monitor.target import Credentials, read_status
-from monitor.worker import WorkerProcess
+from monitor.worker import WorkerProcess, WorkerStartError
 from protocol import keeper as keeper_wire
 from protocol import native, oci
 from protocol import worker as worker_wire
@@ -47,6 +47,7 @@ from protocol import worker as worker_wire
 MAX_FDS_PER_MESSAGE = 16
 _WAKE = signal.SIGUSR1  # interrupts a worker thread's RECV
 RECV_CHUNK = 64 * 1024
+WORKER_START_TIMEOUT = 30.0  # seconds for every worker to load its keys and lock down
 
 
 class Service:
@@ -181,6 +182,12 @@ class Service:
                             await WorkerProcess.spawn(self._worker_start(), receive_lock_fd))
                 finally:
                     os.close(receive_lock_fd)
+                with trio.move_on_after(WORKER_START_TIMEOUT) as waiting:
+                    for worker in self._workers:
+                        await worker.ready()
+                if waiting.cancelled_caught:
+                    raise WorkerStartError(f"the worker processes were not ready within "
+                                           f"{WORKER_START_TIMEOUT:g} s")
             for event, fields in lock_down(drop_caps=self.config.drop_capabilities,
                                            sandbox=self.config.sandbox).items():
                 log.event(event, **fields)

@@ -192,6 +192,7 @@ def main(argv: list[str]) -> int:
     lock_down(drop_caps=start.drop_capabilities, sandbox=start.sandbox)
     worker = Worker(control, start, keys, receive_lock)
     log.event("worker_serving", pid=os.getpid())  # ready: every fd of its own is open
+    control.sendall(wire.encode(wire.Ready()))  # fhmon serve says "serving" after this
     worker.run()
     return 0
 
@@ -201,6 +202,10 @@ if __name__ == "__main__":
 
 
 # --- fhmon serve's end -------------------------------------------------------------------
+
+class WorkerStartError(RuntimeError):
+    """A worker process did not get ready."""
+
 
 class WorkerProcess:
     """`fhmon serve`'s end of one worker: the process and its control socket."""
@@ -247,6 +252,30 @@ class WorkerProcess:
             self.control.sendmsg([data], fdpass.rights(fds) if fds else [])
         finally:
             self.control.setblocking(False)
+
+    async def ready(self) -> None:
+        """Wait for the worker's Ready: its keys are loaded and it answers calls.
+
+        Until every worker is ready fhmon serve accepts no registration: a worker whose
+        start failed (say the key directory broke in between) must stop the start-up, not
+        a service that already serves.
+        """
+        while True:
+            await trio.lowlevel.wait_readable(self.control)
+            try:
+                data = self.control.recv(wire.MAX_MESSAGE)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                raise WorkerStartError(f"worker {self.process.pid}: {exc}") from None
+            if not data:
+                raise WorkerStartError(f"worker {self.process.pid} ended before it was ready "
+                                       f"(its worker_failed event says why)")
+            message = wire.decode(data)
+            if not isinstance(message, wire.Ready):
+                raise WorkerStartError(f"worker {self.process.pid} sent "
+                                       f"{type(message).__name__} before Ready")
+            return
 
     async def reports(self, merge: Callable[[wire.Report], None]) -> None:
         """Merge every report until the worker closes its end."""

@@ -9,7 +9,8 @@ checks here are for robustness (a clear error instead of a crash), not a trust b
                                  share directory fd]
                       RemoveTarget  its filter has no task left: close the copies
                       ReloadKeys the key directory changed: load it again
-    worker -> serve   Report     what the worker answered since its last report
+    worker -> serve   Ready      keys loaded and locked down: it answers calls (once, first)
+                      Report     what the worker answered since its last report
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ class ReloadKeys:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class Ready:
+    pass
+
+
 @dataclass(slots=True)
 class Report:
     """Counts since the last report. buckets: per syscall, how many calls fell in each
@@ -83,7 +89,7 @@ class Report:
         return not (self.results or self.refusals or self.calls)
 
 
-Message = Start | AddTarget | RemoveTarget | ReloadKeys | Report
+Message = Start | AddTarget | RemoveTarget | ReloadKeys | Ready | Report
 
 
 def encode(message: Message) -> bytes:
@@ -105,6 +111,8 @@ def encode(message: Message) -> bytes:
             body = {"op": "remove", "target_id": message.target_id}
         case ReloadKeys():
             body = {"op": "keys"}
+        case Ready():
+            body = {"op": "ready"}
         case Report():
             body = {"op": "report",
                     "results": [[sc, res, n] for (sc, res), n in message.results.items()],
@@ -137,6 +145,8 @@ def decode(data: bytes) -> Message:
             return RemoveTarget(_int(body["target_id"]))
         if op == "keys":
             return ReloadKeys()
+        if op == "ready":
+            return Ready()
         if op == "report":
             return Report(
                 {(_str(sc), _str(res)): _int(n) for sc, res, n in body["results"]},

@@ -152,3 +152,17 @@ def test_no_worker_sleeps_in_recv_once_the_calls_stop(world: World,
     finally:
         agent.close()
         assert service.stop() == 0
+
+
+def test_serve_serves_only_once_every_worker_is_ready(world: World,
+                                                     workers_service: Service) -> None:
+    """A worker loads the keys itself: had fhmon serve taken registrations before, a key
+    directory broken in that window (a rotation) killed a worker of a serving service."""
+    service = workers_service
+    try:
+        events = service.events()
+        serving = next(i for i, e in enumerate(events) if e.get("event") == "serving")
+        ready = [i for i, e in enumerate(events) if e.get("event") == "worker_serving"]
+        assert len(ready) == 2 and max(ready) < serving, events
+    finally:
+        assert service.stop() == 0

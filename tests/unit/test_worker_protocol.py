@@ -28,6 +28,7 @@ def share(**kw: object) -> wire.ShareInfo:
     wire.AddTarget(2**31, 1, 1, 65534, 65534, "oci", share(is_mount_root=True, share_id=b"")),
     wire.RemoveTarget(3),
     wire.ReloadKeys(),
+    wire.Ready(),
     wire.Report(),
 ])
 def test_round_trip(message: wire.Message) -> None:
