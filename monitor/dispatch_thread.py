@@ -16,10 +16,11 @@ It cannot block when epoll reported a call on a listener this thread alone recei
 the kernel counts each call it queues, only a RECV takes from that count, and a call
 withdrawn before the RECV (its caller was signalled or died) leaves its count behind, so
 the RECV answers ENOENT at once (tests/kernel/test_listener_recv.py holds the kernel to
-that). A `poll` of the listener first is needed only where that reasoning does not hold:
+that). A `poll` of the listener first is needed where that reasoning does not hold: for
 a listener added after epoll_wait began (its fd number may be a just-closed listener's
-that epoll reported), and for listeners that worker processes share, under a lock that
-all of them take (another may have taken the call: listener.SharedReceiveLock).
+that epoll reported), and for listeners that worker processes share (another may have
+taken the call), where the poll and the RECV happen under a lock the workers share
+(listener.SharedReceiveLock).
 """
 
 from __future__ import annotations

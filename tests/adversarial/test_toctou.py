@@ -228,9 +228,11 @@ def test_call_queued_while_fhmon_is_paused_then_caller_killed(spawn: Any, fhmon:
     victim: Agent = spawn()
     assert N2HResult.of(victim.call("n2h", path="file")).errno == 0
     assert victim.proc.stdin is not None
-    os.kill(fhmon.pid, signal.SIGSTOP)
+    paused = [fhmon.pid, *fhmon.status()["workers"]]  # with `workers`, they answer
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
     try:
-        assert wait_for(lambda: all_stopped(fhmon.pid), 10)
+        assert wait_for(lambda: all(all_stopped(pid) for pid in paused), 10)
         victim.proc.stdin.write('{"op": "n2h", "path": "dir/inner"}\n')
         victim.proc.stdin.flush()
         queued = wait_for(lambda: blocked_in_syscall(victim.pid, 303), 10)
@@ -240,7 +242,8 @@ def test_call_queued_while_fhmon_is_paused_then_caller_killed(spawn: Any, fhmon:
         for _ in range(20):
             subprocess.run(["/bin/true"], check=True)
     finally:
-        os.kill(fhmon.pid, signal.SIGCONT)
+        for pid in paused:
+            os.kill(pid, signal.SIGCONT)
     gone = wait_for(lambda: victim.pid not in [t["pid"] for t in fhmon.status()["targets"]], 10)
     alive = fhmon.proc is not None and fhmon.proc.poll() is None
     record(TOCTOU, "a call queued while fhmon was stopped, its caller SIGKILLed and pids "

@@ -34,6 +34,8 @@ def test_killed_target_frees_everything_and_others_keep_working(spawn: Any,
                                                                 fhmon: Service) -> None:
     bystander: Agent = spawn()
     assert bystander.call("n2h", path="file")["errno"] == 0
+    # earlier tests' targets are gone (and their fds closed) before the baseline
+    assert wait_until(lambda: [t["pid"] for t in fhmon.status()["targets"]] == [bystander.pid])
     baseline = fhmon.fd_count()
     victim: Agent = spawn()
     assert victim.call("n2h", path="file")["errno"] == 0
