@@ -253,6 +253,19 @@ class WorkerProcess:
         finally:
             self.control.setblocking(False)
 
+    async def _next_message(self) -> wire.Message | None:
+        """The worker's next message; None once it closed its end, or died with a message
+        of ours unread (ECONNRESET)."""
+        while True:
+            await trio.lowlevel.wait_readable(self.control)
+            try:
+                data = self.control.recv(wire.MAX_MESSAGE)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return None
+            return wire.decode(data) if data else None
+
     async def ready(self) -> None:
         """Wait for the worker's Ready: its keys are loaded and it answers calls.
 
@@ -260,36 +273,17 @@ class WorkerProcess:
         start failed (say the key directory broke in between) must stop the start-up, not
         a service that already serves.
         """
-        while True:
-            await trio.lowlevel.wait_readable(self.control)
-            try:
-                data = self.control.recv(wire.MAX_MESSAGE)
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                raise WorkerStartError(f"worker {self.process.pid}: {exc}") from None
-            if not data:
-                raise WorkerStartError(f"worker {self.process.pid} ended before it was ready "
-                                       f"(its worker_failed event says why)")
-            message = wire.decode(data)
-            if not isinstance(message, wire.Ready):
-                raise WorkerStartError(f"worker {self.process.pid} sent "
-                                       f"{type(message).__name__} before Ready")
-            return
+        message = await self._next_message()
+        if message is None:
+            raise WorkerStartError(f"worker {self.process.pid} ended before it was ready "
+                                   f"(its worker_failed event says why)")
+        if not isinstance(message, wire.Ready):
+            raise WorkerStartError(f"worker {self.process.pid} sent "
+                                   f"{type(message).__name__} before Ready")
 
     async def reports(self, merge: Callable[[wire.Report], None]) -> None:
         """Merge every report until the worker closes its end."""
-        while True:
-            await trio.lowlevel.wait_readable(self.control)
-            try:
-                data = self.control.recv(wire.MAX_MESSAGE)
-            except BlockingIOError:
-                continue
-            except OSError:  # ECONNRESET: it died with a message of ours unread
-                return
-            if not data:
-                return
-            message = wire.decode(data)
+        while (message := await self._next_message()) is not None:
             if isinstance(message, wire.Report):
                 merge(message)
 
