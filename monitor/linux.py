@@ -10,6 +10,7 @@ import ctypes
 import errno
 import functools
 import os
+import signal
 import struct
 import threading
 from collections.abc import Sequence
@@ -50,7 +51,6 @@ SYS_PROCESS_VM_READV: Final = 310
 SYS_PROCESS_VM_WRITEV: Final = 311
 SYS_KCMP: Final = 312
 SYS_STATX: Final = 332
-SYS_PIDFD_SEND_SIGNAL: Final = 424
 SYS_PIDFD_OPEN: Final = 434
 SYS_OPENAT2: Final = 437
 SYS_PIDFD_GETFD: Final = 438
@@ -122,8 +122,14 @@ def pidfd_open(pid: int, flags: int = 0) -> int:
 
 
 def pidfd_alive(pidfd: int) -> bool:
-    """Signal 0 through the pidfd: does its task (thread, for PIDFD_THREAD) still live?"""
-    return int(_syscall(SYS_PIDFD_SEND_SIGNAL, pidfd, 0, None, 0)) == 0
+    """Signal 0 through the pidfd: does its task (thread, for PIDFD_THREAD) still live?
+    The standard library's wrapper: 0.5 us against ctypes' 0.9 (bench.levers), on every
+    open_by_handle_at; it raises ProcessLookupError (ESRCH) for a task that is gone."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except OSError:
+        return False
+    return True
 
 
 def pidfd_getfd(pidfd: int, targetfd: int) -> int:
