@@ -330,6 +330,43 @@ def profile(op: str, calls: int, args: argparse.Namespace) -> int:
     return 0
 
 
+def cpu_split(op: str, calls: int, args: argparse.Namespace) -> int:
+    """fhmon (defaults), pinned like the targets' cells, sampled by perf for `calls` calls of
+    op: the share of its CPU in the kernel (by syscall), the interpreter and each library."""
+    from bench import cpu_split as split_mod
+    from bench.procs import tree
+
+    why_not = split_mod.Recorder.available()
+    if why_not:
+        print(f"bench --perf: {why_not}", file=sys.stderr)
+        return 2
+    base = make_base()
+    monitor = Monitor(base, "perf", {}, base / "share")
+    pool = Pool(base, monitor, args.timeout)
+    runs: list[dict[str, Any]] = []
+    splits: list[split_mod.Split] = []
+    try:
+        targets = pool.ensure(1)
+        run_once(targets, monitor, op, 1, min(calls, 2000), True, warmup=args.warmup)
+        fhmon = set(tree(monitor.pid))
+        for chains in (False, True):
+            recorder = split_mod.Recorder(base / f"perf-{chains}.data", kernel_chains=chains)
+            with recorder:
+                runs.append(run_once(targets, monitor, op, 1, calls, True,
+                                     warmup=args.warmup))
+            splits.append(split_mod.parse(recorder.script(), fhmon))
+        r = runs[0]
+        print(f"{op}, 1 thread, pinned, fhmon with its defaults, {calls} calls under perf: "
+              f"p50 {r['p50_us']:.1f} us, fhmon CPU {rep.fmt(r['cpu_us_per_call'])} us per "
+              f"call (sampling adds a few us)")
+        print(split_mod.render(splits[0], splits[1], (r["calls"], runs[1]["calls"])))
+    finally:
+        pool.stop()
+        monitor.stop()
+        remove_base(base)
+    return 0 if not any(run["errors"] for run in runs) else 1
+
+
 def machine() -> dict[str, Any]:
     model = ""
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -390,6 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", metavar="OP", choices=ALL_OPS,
                    help="no matrix: run --calls calls of OP (1 thread, unpinned) through "
                    "fhmon under cProfile and print where its time goes")
+    p.add_argument("--perf", metavar="OP", choices=ALL_OPS,
+                   help="no matrix: run --calls calls of OP (1 thread, pinned) through fhmon "
+                   "under `perf record` and print its CPU by layer: kernel (by syscall), "
+                   "interpreter, libraries (needs linux-perf)")
     p.add_argument("--timeout", type=float, default=600, help="seconds to wait for a target")
     p.add_argument("--json", default=str(HERE / "results" / "latest.json"),
                    help="write the results here (default bench/results/latest.json)")
@@ -416,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.profile:
         return profile(args.profile, args.calls or 20000, args)
+    if args.perf:
+        return cpu_split(args.perf, args.calls or 20000, args)
     mode = "quick" if args.quick else "full" if args.full else "default"
     args.repeat = args.repeat or (1 if args.quick else 3)
     args.calls = args.calls or (400 if args.quick else 6000)
