@@ -23,8 +23,8 @@ SAMPLE_HZ = 2_000
 _FRAME = re.compile(r"^\s*([0-9a-f]+)\s+(.*?)\s+\((.*)\)\s*$")
 _SYSCALL_PREFIX = re.compile(r"^(?:__x64_sys_|__do_sys_|__se_sys_|__sys_|do_sys_|ksys_)")
 # syscalls whose entry function (inlined wrappers aside) is named otherwise
-_SYSCALL_ALIASES = {"do_handle_open": "open_by_handle_at", "x64_sys_call": "(dispatch)",
-                    "do_epoll_wait": "epoll_wait", "do_sys_open": "openat"}
+_SYSCALL_ALIASES = {"do_handle_open": "open_by_handle_at", "do_epoll_wait": "epoll_wait",
+                    "do_sys_open": "openat", "x64_sys_call": "(syscall entry and exit)"}
 
 LAYERS = ("kernel", "interpreter", "cryptography", "ctypes + libffi", "libc", "other")
 
@@ -72,7 +72,7 @@ def syscall_of(frames: list[tuple[str, str]]) -> str:
     first, so the frame just before do_syscall_64's), its wrapper prefix removed."""
     syms = [sym for sym, _ in frames]
     if "do_syscall_64" not in syms:
-        return "(no syscall: interrupts, the scheduler, kernel threads' work)"
+        return "(outside syscalls: irqs, scheduler)"
     at = syms.index("do_syscall_64")
     if at == 0:
         return "(syscall entry and exit)"

@@ -70,7 +70,7 @@ def test_syscalls_are_named_by_the_function_do_syscall_64_called() -> None:
         "ioctl": 1,  # through x64_sys_call
         "(syscall entry and exit)": 1,
         "(syscall exit work: syscall_exit_to_user_mode)": 1,
-        "(no syscall: interrupts, the scheduler, kernel threads' work)": 1,
+        "(outside syscalls: irqs, scheduler)": 1,
     }
     assert split.symbols["prepare_creds ([kernel.kallsyms])"] == 1
 
