@@ -9,10 +9,13 @@ on text (tests/unit/test_cpu_split.py).
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import shutil
 import signal
 import subprocess
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,17 +152,56 @@ class Recorder:
         return None
 
     def __enter__(self) -> Recorder:
+        """Start perf with its events disabled, then enable them and wait for its ack: perf
+        takes a while to set up on every CPU, and a short run would otherwise be over before
+        the first sample."""
         chains = ["-g", "--kernel-callchains"] if self.kernel_chains else []
+        ctl, ack = self.out.with_suffix(".ctl"), self.out.with_suffix(".ack")
+        for fifo in (ctl, ack):
+            fifo.unlink(missing_ok=True)
+            os.mkfifo(fifo, 0o600)
         self._proc = subprocess.Popen(
-            ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(self.hz), *chains,
-             "-a", "-o", str(self.out)],
+            ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(self.hz), *chains, "-a",
+             "-D", "-1", "--control", f"fifo:{ctl},{ack}", "--no-buildid", "-o",
+             str(self.out)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            self._command(ctl, ack, "enable")
+        except BaseException:
+            self._proc.kill()
+            self._proc.wait()
+            raise
         return self
+
+    def _command(self, ctl: Path, ack: Path, command: str, timeout: float = 60) -> None:
+        """Send perf a control command and wait for its ack. perf opens its end of the
+        control fifo as it starts; until then a non-blocking open finds no reader (ENXIO),
+        and a perf that exits instead is reported, not waited for."""
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fd = os.open(ctl, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+            if self._proc.poll() is not None:
+                err = self._proc.stderr.read() if self._proc.stderr else b""
+                raise RuntimeError(f"perf record exited: {err.decode(errors='replace')[-300:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("perf record did not start")
+            time.sleep(0.01)
+        with open(fd, "w") as ctl_file, open(ack) as ack_file:
+            ctl_file.write(command + "\n")
+            ctl_file.flush()
+            if ack_file.readline().strip() != "ack":
+                raise RuntimeError(f"perf did not acknowledge {command!r}")
 
     def __exit__(self, *exc: object) -> None:
         assert self._proc is not None
         self._proc.send_signal(signal.SIGINT)
-        _, err = self._proc.communicate(timeout=60)
+        _, err = self._proc.communicate(timeout=120)
         if self._proc.returncode not in (0, -signal.SIGINT) and not self.out.exists():
             raise RuntimeError(f"perf record failed: {err.decode(errors='replace')[-300:]}")
 
