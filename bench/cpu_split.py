@@ -128,11 +128,11 @@ class Recorder:
     """`perf record` of every CPU for the duration of a `with` block.
 
     System-wide rather than attached to fhmon (-p): per-task events make the kernel switch
-    perf's context on every context switch, and fhmon switches several times per call
-    (measured: attached, fhmon's CPU per call rose by half). parse() then keeps fhmon's
-    samples. kernel_chains: record kernel call chains (which syscall a kernel sample is in)
-    and only kernel samples; user call chains of the interpreter cost too much to take
-    (fhmon's CPU per call rose by a third)."""
+    perf's context on every context switch, and fhmon switches several times per call.
+    parse() then keeps fhmon's samples. kernel_chains: record kernel call chains (which
+    syscall a kernel sample is in), and only kernel samples. Measured on open_by_handle_at,
+    fhmon's CPU per call: 49 us unsampled; 74 attached with all call chains, 67 system-wide
+    with all call chains, 55 system-wide without chains, 51 with kernel chains only."""
 
     def __init__(self, out: Path, hz: int = SAMPLE_HZ, kernel_chains: bool = False) -> None:
         self.out = out
