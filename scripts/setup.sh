@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up fhmon on a fresh Debian 12 machine, as root: system packages, then a venv in .venv
 # with fhmon and its test tools. Idempotent: a second run only checks.
+# Arguments: more Debian packages to install the same way (scripts/test.sh asks for perf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +11,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for pkg in python3 python3-venv python3-pip libseccomp2 ca-certificates; do
+for pkg in python3 python3-venv python3-pip libseccomp2 ca-certificates "$@"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

@@ -3,13 +3,8 @@
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/unit -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-# perf, for the benchmark's CPU split (bench.run --perf and its smoke test)
-if ! dpkg-query -W -f='${Status}' linux-perf 2>/dev/null | grep -q "install ok installed"; then
-    echo "test.sh: installing linux-perf"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
-fi
+# linux-perf: for the benchmark's CPU split (bench.run --perf and its smoke test)
+bash scripts/setup.sh linux-perf
 if [ -x tests/e2e/env/prepare.sh ] || [ -f tests/e2e/env/prepare.sh ]; then
     bash tests/e2e/env/prepare.sh
 fi
