@@ -14,6 +14,7 @@ import select
 import struct
 import threading
 
+from monitor import linux
 from protocol import kernel
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -164,7 +165,7 @@ class Listener:
 
 def is_seccomp_listener(fd: int) -> bool:
     try:
-        return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:seccomp notify"
+        return linux.fd_path(fd) == "anon_inode:seccomp notify"
     except OSError:
         return False
 
@@ -194,7 +195,7 @@ class SharedReceiveLock:
     def adopt(cls, shared_fd: int) -> SharedReceiveLock:
         """This process's own description of the file behind shared_fd (which it closes)."""
         try:
-            return cls(os.open(f"/proc/self/fd/{shared_fd}", os.O_RDWR | os.O_CLOEXEC))
+            return cls(linux.reopen(shared_fd, os.O_RDWR | os.O_CLOEXEC))
         finally:
             os.close(shared_fd)
 
