@@ -42,6 +42,7 @@ Regenerate docs/performance.md's numbers and plot:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import itertools
 import json
@@ -56,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -306,27 +308,38 @@ def soak(base: Path, total: int, args: argparse.Namespace) -> dict[str, Any]:
             "rss_growth_kib": growth, "rss_flat": growth <= 1024}
 
 
+@contextlib.contextmanager
+def one_fhmon(name: str, timeout: float,
+              profiled: bool = False) -> Iterator[tuple[Path, Monitor, Pool]]:
+    """The bench's tree, one fhmon with its defaults (under cProfile, writing base /
+    "fhmon.prof", if profiled) and its pool of targets; all stopped and removed after."""
+    base = make_base()
+    try:
+        monitor = Monitor(base, name, {}, base / "share",
+                          profile=base / "fhmon.prof" if profiled else None)
+        pool = Pool(base, monitor, timeout)
+        try:
+            yield base, monitor, pool
+        finally:
+            pool.stop()
+            monitor.stop()
+    finally:
+        remove_base(base)
+
+
 def profile(op: str, calls: int, args: argparse.Namespace) -> int:
     """fhmon (signing on) under cProfile for `calls` calls of op: where does its time go?"""
     import pstats
 
-    base = make_base()
-    out = base / "fhmon.prof"
-    monitor = Monitor(base, "profiled", {}, base / "share", profile=out)
-    pool = Pool(base, monitor, args.timeout)
-    try:
+    with one_fhmon("profiled", args.timeout, profiled=True) as (base, monitor, pool):
         r = run_once(pool.ensure(1), monitor, op, 1, calls, False, warmup=args.warmup)
         print(f"{op}: p50 {r['p50_us']:.1f} us, fhmon CPU {rep.fmt(r['cpu_us_per_call'])} "
               f"us per call under cProfile (which slows Python calls down)")
         pool.stop()
-        monitor.stop()
-        stats = pstats.Stats(str(out))
+        monitor.stop()  # cProfile writes its stats as fhmon serve ends
+        stats = pstats.Stats(str(base / "fhmon.prof"))
         stats.sort_stats("tottime").print_stats(25)
         stats.sort_stats("cumulative").print_stats(25)
-    finally:
-        pool.stop()
-        monitor.stop()
-        remove_base(base)
     return 0
 
 
@@ -340,12 +353,9 @@ def cpu_split(op: str, calls: int, args: argparse.Namespace) -> int:
     if why_not:
         print(f"bench --perf: {why_not}", file=sys.stderr)
         return 2
-    base = make_base()
-    monitor = Monitor(base, "perf", {}, base / "share")
-    pool = Pool(base, monitor, args.timeout)
     runs: list[dict[str, Any]] = []
     splits: list[split_mod.Split] = []
-    try:
+    with one_fhmon("perf", args.timeout) as (base, monitor, pool):
         targets = pool.ensure(1)
         run_once(targets, monitor, op, 1, min(calls, 2000), True, warmup=args.warmup)
         fhmon = set(tree(monitor.pid))
@@ -360,10 +370,6 @@ def cpu_split(op: str, calls: int, args: argparse.Namespace) -> int:
               f"p50 {r['p50_us']:.1f} us, fhmon CPU {rep.fmt(r['cpu_us_per_call'])} us per "
               f"call (sampling adds a few us)")
         print(split_mod.render(splits[0], splits[1], (r["calls"], runs[1]["calls"])))
-    finally:
-        pool.stop()
-        monitor.stop()
-        remove_base(base)
     return 0 if not any(run["errors"] for run in runs) else 1
 
 
