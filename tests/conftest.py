@@ -45,6 +45,18 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> bool:
     return bool(predicate())
 
 
+def thread_syscalls(pid: int) -> dict[int, list[str]]:
+    """Each live thread of pid and its /proc/PID/task/TID/syscall fields: the syscall number
+    it is in (or "running"), then its arguments in hex (what a thread sleeps in)."""
+    syscalls = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            syscalls[int(tid)] = Path(f"/proc/{pid}/task/{tid}/syscall").read_text().split()
+        except OSError:
+            continue  # the thread ended meanwhile
+    return syscalls
+
+
 @dataclass
 class World:
     """A directory tree every test shares: shares, an outside area, the agent program."""

@@ -32,7 +32,7 @@ from tests.adversarial.common import (
     wait_for,
 )
 from tests.adversarial.conftest import Recorder
-from tests.conftest import Agent, Service, World
+from tests.conftest import Agent, Service, World, thread_syscalls
 from tests.handles import N2HResult
 
 
@@ -200,14 +200,7 @@ def test_a_dying_target_is_dropped_quietly(spawn: Any, fhmon: Service,
 
 
 def blocked_in_syscall(pid: int, nr: int) -> bool:
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            text = Path(f"/proc/{pid}/task/{tid}/syscall").read_text()
-        except OSError:
-            continue
-        if text.split()[0] == str(nr):
-            return True
-    return False
+    return any(fields[0] == str(nr) for fields in thread_syscalls(pid).values())
 
 
 def all_stopped(pid: int) -> bool:

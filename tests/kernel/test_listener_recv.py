@@ -18,7 +18,6 @@ import select
 import signal
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -26,7 +25,7 @@ from monitor import seccomp_filter
 from monitor.dispatch_thread import DispatchThread
 from monitor.listener import Listener, SharedReceiveLock
 from protocol import kernel
-from tests.conftest import NOBODY, SYSTEM_PYTHON, wait_until
+from tests.conftest import NOBODY, SYSTEM_PYTHON, thread_syscalls, wait_until
 
 # One name_to_handle_at (trapped by the filter), its result into a pipe, then a long sleep.
 # SIGUSR1 has a handler (Python sets no SA_RESTART): it withdraws the waiting call, which
@@ -128,11 +127,8 @@ def test_recv_after_the_caller_died_fails_at_once(callers: list[Caller]) -> None
 
 
 def _in_syscall(thread: threading.Thread, nr: int) -> bool:
-    try:
-        text = Path(f"/proc/self/task/{thread.native_id}/syscall").read_text()
-    except OSError:
-        return False
-    return text.split()[0] == str(nr)
+    fields = thread_syscalls(os.getpid()).get(thread.native_id or 0)
+    return fields is not None and fields[0] == str(nr)
 
 
 class _Served:

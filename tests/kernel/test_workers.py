@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from protocol import kernel
-from tests.conftest import Agent, Service, World, wait_until
+from tests.conftest import Agent, Service, World, thread_syscalls, wait_until
 from tests.handles import N2HResult
 
 KEPT_CAPS = sum(1 << c for c in (2, 5, 6, 7, 19))  # as test_observability checks for serve
@@ -122,16 +122,9 @@ def test_workers_end_with_serve_even_when_it_is_killed(workers_service: Service)
 
 
 def threads_in_recv(pid: int) -> list[int]:
-    """The threads of pid sleeping in SECCOMP_IOCTL_NOTIF_RECV."""
-    sleeping = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            fields = Path(f"/proc/{pid}/task/{tid}/syscall").read_text().split()
-        except OSError:
-            continue
-        if fields[0] == "16" and int(fields[2], 16) == kernel.SECCOMP_IOCTL_NOTIF_RECV:
-            sleeping.append(int(tid))
-    return sleeping
+    """The threads of pid sleeping in SECCOMP_IOCTL_NOTIF_RECV (ioctl, syscall 16)."""
+    return [tid for tid, fields in thread_syscalls(pid).items()
+            if fields[0] == "16" and int(fields[2], 16) == kernel.SECCOMP_IOCTL_NOTIF_RECV]
 
 
 def test_no_worker_sleeps_in_recv_once_the_calls_stop(world: World,
