@@ -206,6 +206,15 @@ def whereis(cmd):
         os.close(fd)
 
 
+def on_threads(body, count):
+    """Run body on count threads at once; return when every one has finished."""
+    threads = [threading.Thread(target=body) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def hammer(cmd):
     """Many calls on several threads; counts results (for load and isolation tests)."""
     results = {}
@@ -232,11 +241,7 @@ def hammer(cmd):
                     odd.append({"kind": kind, **{k: v for k, v in r.items()
                                                  if k in ("ret", "errno", "bogus_fd")}})
 
-    threads = [threading.Thread(target=worker) for _ in range(cmd.get("threads", 1))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    on_threads(worker, cmd.get("threads", 1))
     lat.sort()
     return {"results": results, "p50": lat[len(lat) // 2], "p99": lat[int(len(lat) * 0.99)],
             "failures": odd}
@@ -268,11 +273,7 @@ def storm(cmd):
             for err, n in mine.items():
                 counts[str(err)] = counts.get(str(err), 0) + n
 
-    threads = [threading.Thread(target=worker) for _ in range(cmd.get("threads", 1))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    on_threads(worker, cmd.get("threads", 1))
     return {"results": counts}
 
 
