@@ -35,8 +35,10 @@ LAYERS = ("kernel", "interpreter", "cryptography", "ctypes + libffi", "libc", "o
 def layer_of(dso: str) -> str:
     """The layer a shared object belongs to."""
     name = dso.rsplit("/", 1)[-1]
-    if name.startswith("[kernel") or name.startswith("[vdso"):
-        return "kernel" if name.startswith("[kernel") else "libc"
+    if name.startswith("[kernel"):
+        return "kernel"
+    if name.startswith("[vdso"):
+        return "libc"  # the vDSO: user-space code the kernel maps, called like libc
     if name.startswith("libpython") or re.fullmatch(r"python3(\.\d+)?", name):
         return "interpreter"
     if name.startswith(("_rust.abi3", "libcrypto", "libssl", "_hashlib", "_openssl")):
