@@ -216,15 +216,29 @@ def on_threads(body, count):
 
 
 def hammer(cmd):
-    """Many calls on several threads; counts results (for load and isolation tests)."""
+    """Many calls on several threads; counts results (for load and isolation tests).
+
+    `calls` per thread, or with `until` (a path) as many as it takes until that file
+    exists: a load that must outlast what the test does meanwhile (restarts, a key
+    rotation) is bounded by that, not by a count a fast machine finishes early. `seconds`
+    (default 300) bounds an `until` load that the test never ends."""
+    import time
     results = {}
     lock = threading.Lock()
     lat = []
     odd = []
+    until = cmd.get("until")
+    give_up = time.monotonic() + cmd.get("seconds", 300)
+
+    def more():
+        if until is None:
+            yield from range(cmd["calls"])
+            return
+        while not os.path.exists(until) and time.monotonic() < give_up:
+            yield None
 
     def worker():
-        import time
-        for _ in range(cmd["calls"]):
+        for _ in more():
             t0 = time.perf_counter()
             kind = cmd.get("op2", "n2h")
             if kind == "mix":  # virtiofsd-like: one lookup for three opens
@@ -244,7 +258,7 @@ def hammer(cmd):
     on_threads(worker, cmd.get("threads", 1))
     lat.sort()
     return {"results": results, "p50": lat[len(lat) // 2], "p99": lat[int(len(lat) * 0.99)],
-            "failures": odd}
+            "failures": odd, "ended_by_until": until is not None and os.path.exists(until)}
 
 
 # --- adversarial ops (tests/adversarial) ---------------------------------------------------

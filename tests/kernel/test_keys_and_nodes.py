@@ -6,6 +6,7 @@ import errno
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,10 @@ def test_rotation_runbook_under_load(world: World) -> None:
         old_handle = handle(agent, "file")
         assert key_id_of(old_handle) == old_key
         load: dict[str, Any] = {}
+        done = world.base / "rotation.done"  # the load lasts the whole runbook, not a count
         worker = threading.Thread(target=lambda: load.update(busy.call(
-            "hammer", op2="mix", path="dir/inner", obh=handle(busy, "dir/inner"), calls=1500,
-            threads=2)))
+            "hammer", op2="mix", path="dir/inner", obh=handle(busy, "dir/inner"),
+            until=str(done), threads=2)))
         worker.start()
         # 1. add a key that only verifies; 2. switch the signer to it
         new_key = keygen(service.key_dir, "--no-sign")
@@ -60,7 +62,10 @@ def test_rotation_runbook_under_load(world: World) -> None:
         fhmon_key("retire", old_key, "--key-dir", str(service.key_dir))
         assert wait_until(lambda: agent.call("obh", **old_handle)["errno"] == errno.ESTALE)
         assert agent.call("obh", **new_handle)["errno"] == 0
+        time.sleep(0.2)  # the load goes on past the retirement
+        done.touch()
         worker.join(timeout=120)
+        assert load["ended_by_until"], "the load ended before the runbook did"
         # handles of the hammer were signed by the old key: they went stale at retirement,
         # which is the runbook's point; every call before that succeeded.
         assert set(load["results"]) <= {"0", str(errno.ESTALE)}, load
