@@ -7,6 +7,7 @@ runs in a thread, so fhmon serves `GET /metrics` itself from its trio nursery.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -99,6 +100,15 @@ async def serve_http(metrics: Metrics, address: str,
     task_status.started()
 
     async def handle(stream: trio.SocketStream) -> None:
+        # One connection's failure is that connection's alone: trio.serve_listeners hands
+        # whatever a handler raises to the service's nursery, so a client's RST (ECONNRESET
+        # on receive or send) or EPIPE must end here, never in fhmon serve.
+        try:
+            await answer(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            log.event("metrics_connection_failed", level=logging.DEBUG, error=type(e).__name__)
+
+    async def answer(stream: trio.SocketStream) -> None:
         async with stream:
             with trio.move_on_after(5):
                 request = b""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import urllib.request
@@ -174,3 +176,49 @@ def test_socket_activation(world: World, tmp_path: Path) -> None:
         assert proc.wait(timeout=10) == 0
         log.close()
     assert os.path.exists(path)  # systemd's socket stays for the next start
+
+
+def reset(sock: socket.socket) -> None:
+    """Close with SO_LINGER 0: the kernel sends an RST instead of a FIN."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def test_metrics_endpoint_survives_resets_and_broken_clients(world: World) -> None:
+    """One connection's error stays that connection's: resets at every point of a request,
+    half-closed sockets and garbage never stop fhmon serve, which keeps answering calls
+    and scrapes."""
+    port = free_port()
+    service = Service(world.base, [str(world.shares / "*")], name="resets",
+                      extra=["--metrics-address", f"127.0.0.1:{port}"])
+    agent = Agent(world, "fhmon", world.main, service.socket)
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    try:
+        for _ in range(30):
+            reset(socket.create_connection(("127.0.0.1", port)))  # RST before a byte
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(request[:10])  # RST mid-request
+            reset(s)
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(request)  # RST while fhmon writes its answer
+            reset(s)
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(request)
+            s.recv(1)  # RST after fhmon began to answer
+            reset(s)
+            with socket.create_connection(("127.0.0.1", port)) as s:  # half-closed, no request
+                s.shutdown(socket.SHUT_WR)
+                s.settimeout(10)
+                s.recv(100)
+            with socket.create_connection(("127.0.0.1", port)) as s:  # garbage
+                s.sendall(bytes(range(256)) * 4 + b"\r\n\r\n")
+                s.settimeout(10)
+                with contextlib.suppress(OSError):
+                    s.recv(100)
+        assert service.proc is not None and service.proc.poll() is None, service.log_text()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        assert b"fhmon_targets 1.0" in text
+        assert agent.call("n2h", path="file")["errno"] == 0
+    finally:
+        agent.close()
+        service.stop()
