@@ -3,10 +3,21 @@
 Keys live in a directory (as mounted from a Kubernetes Secret): `<8 hex digits>.key` holds
 at least 32 random bytes as hex, and `signing-key-id` names the key that signs. Every key
 present verifies; removing a key file retires it.
+
+A key file is valid only when complete (docs/operations.md, "Key files"): one line of hex
+digits ending in a newline, optionally followed by `check <16 hex digits>` and a newline (the
+first 8 bytes of SHA-256 over a fixed label and the key, which `fhmon keygen` writes). A file
+caught half-written in place lacks the final newline (or its check line is cut, or does not
+match what was mixed in); it is refused and the ring in use stays. Entries are opened without
+following symlinks out of the directory and without blocking, and only regular files of at
+most MAX_KEY_FILE_BYTES are read: a FIFO, a device, a directory or a link to /dev/zero is
+refused with a message, never waited on or read without bound.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import hmac as std_hmac
 import os
 import re
@@ -20,9 +31,18 @@ from typing import Final
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives import hmac as crypto_hmac
 
+from monitor import linux
 from protocol import signed_handle
 
 MIN_KEY_BYTES: Final = 32
+MAX_KEY_BYTES: Final = 1024  # far above any real key; bounds what a key file may hold
+MAX_KEY_FILE_BYTES: Final = 4096  # larger entries are refused unread
+KEY_CHECK_LABEL: Final = b"fhmon/key-check/v1\0"
+_KEY_FILE = re.compile(rb"([0-9a-fA-F]+)\n(?:check ([0-9a-f]{16})\n)?")
+# what a valid key file looks like while it is still being written (cut anywhere)
+_KEY_FILE_PREFIX = re.compile(
+    rb"[0-9a-fA-F]+(?:\n(?:c(?:h(?:e(?:c(?:k(?: [0-9a-f]{0,16})?)?)?)?)?)?)?")
+_SIGNER_TEXT = re.compile(rb"[0-9a-fA-F]{8}\n?")
 SIGNER_FILE: Final = "signing-key-id"
 _KEY_NAME = re.compile(r"^([0-9a-f]{8})\.key$")
 _TYPE_LEN = struct.Struct(">iI")  # signed_handle.mac_suffix's header
@@ -121,28 +141,36 @@ class KeyRing:
         if st.st_mode & 0o022 and not _read_only_mount(directory):
             raise KeyDirError(f"key directory {directory} is writable by group or others "
                               f"(mode {st.st_mode & 0o777:o}); chmod 0700 it")
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise KeyDirError(f"cannot open key directory {directory}: {exc.strerror}") from None
+        try:
+            return cls._load_from(directory, dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    @classmethod
+    def _load_from(cls, directory: Path, dir_fd: int) -> KeyRing:
         keys: dict[int, bytes] = {}
         try:
-            entries = sorted(os.listdir(directory))
+            entries = sorted(os.listdir(dir_fd))
         except OSError as exc:
             raise KeyDirError(f"cannot list key directory {directory}: {exc.strerror}") from None
         for entry in entries:
             match = _KEY_NAME.match(entry)
             if not match:
                 continue
-            keys[int(match.group(1), 16)] = _read_key(directory / entry)
+            keys[int(match.group(1), 16)] = _read_key(directory, dir_fd, entry)
         if not keys:
             raise KeyDirError(f"no keys (<8 hex digits>.key) in {directory}; "
                               f"run `fhmon keygen --key-dir {directory}`")
         signer_path = directory / SIGNER_FILE
-        try:
-            signer_text = signer_path.read_text().strip()
-        except OSError as exc:
-            raise KeyDirError(f"cannot read {signer_path} ({exc.strerror}): it names the "
-                              f"signing key id") from None
-        if not re.fullmatch(r"[0-9a-fA-F]{8}", signer_text):
-            raise KeyDirError(f"{signer_path} must hold 8 hex digits, not {signer_text!r}")
-        signer = int(signer_text, 16)
+        raw, _ = _read_entry(directory, dir_fd, SIGNER_FILE, "it names the signing key id")
+        if not _SIGNER_TEXT.fullmatch(raw):
+            raise KeyDirError(f"{signer_path} must hold 8 hex digits, not "
+                              f"{raw[:40].decode(errors='replace')!r}")
+        signer = int(raw.strip(), 16)
         if signer not in keys:
             raise KeyDirError(f"{signer_path} names key {signer:08x}, but "
                               f"{signer:08x}.key is not in {directory}")
@@ -152,20 +180,98 @@ class KeyRing:
         return [KeyInfo(kid, kid == self.signer) for kid in self.key_ids]
 
 
-def _read_key(path: Path) -> bytes:
+def key_check(key: bytes) -> str:
+    """The check line's digits: detects a key file that is cut or mixed, not an attacker."""
+    return hashlib.sha256(KEY_CHECK_LABEL + key).hexdigest()[:16]
+
+
+def key_file_text(key: bytes) -> str:
+    """What `fhmon keygen` writes: the key, then its check line."""
+    return f"{key.hex()}\ncheck {key_check(key)}\n"
+
+
+_FILE_TYPES = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+               stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory",
+               stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symlink"}
+
+
+def _read_entry(directory: Path, dir_fd: int, name: str,
+                purpose: str = "") -> tuple[bytes, os.stat_result]:
+    """The bytes of one regular file of the key directory, read without blocking and
+    without bound problems: symlinks are followed only inside the directory (a Secret
+    volume's `..data` links), and anything but a regular file of at most
+    MAX_KEY_FILE_BYTES is refused before a byte is read."""
+    path = directory / name
+    why = f": {purpose}" if purpose else ""
+    resolve = linux.RESOLVE_BENEATH | linux.RESOLVE_NO_MAGICLINKS
     try:
-        st = path.stat()
-        text = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KeyDirError(f"cannot read key {path}: {exc}") from None
-    if st.st_mode & 0o022 and not _read_only_mount(path.parent):
+        probe = linux.openat2(dir_fd, name.encode(), os.O_PATH | os.O_CLOEXEC, resolve)
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            raise KeyDirError(f"refusing {path}: a symlink that leads out of the key "
+                              f"directory") from None
+        raise KeyDirError(f"cannot read {path} ({exc.strerror}){why}") from None
+    try:
+        _check_regular(path, os.fstat(probe))
+        fd = linux.openat2(dir_fd, name.encode(),
+                           os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, resolve)
+    except OSError as exc:
+        raise KeyDirError(f"cannot read {path} ({exc.strerror}){why}") from None
+    finally:
+        os.close(probe)
+    try:
+        st = os.fstat(fd)
+        _check_regular(path, st)  # it may have been swapped since the probe
+        data = b""
+        while len(data) <= MAX_KEY_FILE_BYTES:
+            chunk = os.read(fd, MAX_KEY_FILE_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        raise KeyDirError(f"cannot read {path} ({exc.strerror}){why}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise KeyDirError(f"refusing {path}: it grew past {MAX_KEY_FILE_BYTES} bytes")
+    return data, st
+
+
+def _check_regular(path: Path, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = _FILE_TYPES.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        raise KeyDirError(f"refusing {path}: it is {kind}, not a regular file")
+    if st.st_size > MAX_KEY_FILE_BYTES:
+        raise KeyDirError(f"refusing {path}: {st.st_size} bytes, more than a key file's "
+                          f"{MAX_KEY_FILE_BYTES}")
+
+
+def _read_key(directory: Path, dir_fd: int, name: str) -> bytes:
+    path = directory / name
+    data, st = _read_entry(directory, dir_fd, name)
+    if st.st_mode & 0o022 and not _read_only_mount(directory):
         raise KeyDirError(f"key {path} is writable by group or others; chmod 0600 it")
-    try:
-        key = bytes.fromhex(text)
-    except ValueError:
-        raise KeyDirError(f"key {path} must hold hex digits only") from None
+    if not data.strip():
+        raise KeyDirError(f"key {path} has 0 bytes (empty, or being written: write key "
+                          f"files atomically, see docs/operations.md)")
+    match = _KEY_FILE.fullmatch(data)
+    if match is None:
+        if _KEY_FILE_PREFIX.fullmatch(data):
+            raise KeyDirError(f"key {path} is incomplete (no final newline): being written "
+                              f"in place? write key files atomically (docs/operations.md)")
+        raise KeyDirError(f"key {path} must hold hex digits only (one line, then an "
+                          f"optional `check` line)")
+    digits, check = match.group(1), match.group(2)
+    if len(digits) % 2:
+        raise KeyDirError(f"key {path} has an odd number of hex digits")
+    key = bytes.fromhex(digits.decode())
     if len(key) < MIN_KEY_BYTES:
         raise KeyDirError(f"key {path} has {len(key)} bytes; at least {MIN_KEY_BYTES} needed")
+    if len(key) > MAX_KEY_BYTES:
+        raise KeyDirError(f"key {path} has {len(key)} bytes; at most {MAX_KEY_BYTES}")
+    if check is not None and not std_hmac.compare_digest(check.decode(), key_check(key)):
+        raise KeyDirError(f"key {path}: its check line does not match the key (a cut or "
+                          f"mixed file, e.g. overwritten in place): refusing it")
     return key
 
 
@@ -198,7 +304,8 @@ def keygen(key_dir: str | Path, *, make_signer: bool = True) -> int:
         key_id = secrets.randbits(32)
         if key_id and key_id not in existing:
             break
-    _write_atomically(directory / f"{key_id:08x}.key", secrets.token_hex(MIN_KEY_BYTES) + "\n")
+    _write_atomically(directory / f"{key_id:08x}.key",
+                      key_file_text(secrets.token_bytes(MIN_KEY_BYTES)))
     if make_signer:
         set_signer(directory, key_id)
     return key_id

@@ -9,9 +9,11 @@ import hashlib
 import hmac
 import os
 import shutil
+import signal
 import stat
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -55,7 +57,7 @@ def _write_signer(directory: Path, text: str) -> None:
 
 
 def _key_of(directory: Path, key_id: int) -> bytes:
-    return bytes.fromhex((directory / f"{key_id:08x}.key").read_text().strip())
+    return bytes.fromhex((directory / f"{key_id:08x}.key").read_text().splitlines()[0])
 
 
 def _expected_mac(key: bytes, share: bytes, handle_type: int, kernel: bytes,
@@ -88,8 +90,10 @@ def test_keygen_creates_private_dir_and_files(tmp_path: Path) -> None:
     assert _mode(key_file) == 0o600
     assert _mode(directory / signing.SIGNER_FILE) == 0o600
     text = key_file.read_text()
-    assert text.endswith("\n")
-    assert len(bytes.fromhex(text.strip())) == signing.MIN_KEY_BYTES
+    key_line, check_line = text.splitlines()
+    assert text == f"{key_line}\n{check_line}\n"
+    assert len(bytes.fromhex(key_line)) == signing.MIN_KEY_BYTES
+    assert check_line == "check " + signing.key_check(bytes.fromhex(key_line))
     assert (directory / signing.SIGNER_FILE).read_text() == f"{key_id:08x}\n"
     assert 0 < key_id < 2**32
     # Nothing else (no leftover temporary files).
@@ -192,8 +196,9 @@ def test_load_empty_key_file(tmp_path: Path) -> None:
         KeyRing.load(directory)
 
 
-@pytest.mark.parametrize("content", ["zz" * 32, "0x" + "00" * 32, "0" * 65,
-                                     "--" * 32])
+@pytest.mark.parametrize("content", ["zz" * 32, "0x" + "00" * 32, "--" * 32,
+                                     "00" * 32 + " \n", "00" * 16 + "\n" + "00" * 16 + "\n",
+                                     " " + "00" * 32 + "\n", "00" * 32 + "\r\n"])
 def test_load_non_hex_key(tmp_path: Path, content: str) -> None:
     directory = _key_dir(tmp_path)
     (directory / "00000001.key").write_text(content)
@@ -208,7 +213,7 @@ def test_load_binary_key_file(tmp_path: Path) -> None:
     (directory / "00000001.key").write_bytes(b"\xff\xfe" * 40)
     (directory / "00000001.key").chmod(0o600)
     _write_signer(directory, "00000001\n")
-    with pytest.raises(KeyDirError, match=r"cannot read key .*00000001\.key"):
+    with pytest.raises(KeyDirError, match=r"00000001\.key must hold hex digits only"):
         KeyRing.load(directory)
 
 
@@ -519,3 +524,163 @@ def test_share_id_from_handle() -> None:
     assert negative == hashlib.sha256(b"fhmon/share/v1\x00\xff\xff\xff\xfe").digest()
     assert signing.share_id_from_handle(2, b"\x01\x02") != got
     assert signing.share_id_from_handle(1, b"\x01\x03") != got
+
+
+# --- what a key directory may hold: regular files only, bounded, complete ---------------------
+
+
+def _within(seconds: float, action: Any) -> Any:
+    """Run action, failing (not hanging) if it blocks: a SIGALRM interrupts the syscall."""
+    def expired(*_: Any) -> None:
+        raise TimeoutError(f"blocked for more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return action()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _planted(key_dir: Path, plant: str, name: str) -> Path:
+    """Put a hostile entry called `name` into the key directory."""
+    path = key_dir / name
+    if plant == "fifo":
+        os.mkfifo(path, 0o600)
+    elif plant == "dev_zero":
+        os.symlink("/dev/zero", path)
+    elif plant == "directory":
+        path.mkdir(mode=0o700)
+    elif plant == "oversized":
+        path.write_text("00" * (signing.MAX_KEY_FILE_BYTES // 2) + "\n")
+        path.chmod(0o600)
+    elif plant == "dev_null_node":
+        os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    elif plant == "symlink_out":
+        outside = key_dir.parent / "outside.key"
+        outside.write_text(signing.key_file_text(bytes(range(32))))
+        outside.chmod(0o600)
+        os.symlink(str(outside), path)
+    elif plant == "relative_symlink_out":
+        outside = key_dir.parent / "outside.key"
+        outside.write_text(signing.key_file_text(bytes(range(32))))
+        outside.chmod(0o600)
+        os.symlink("../outside.key", path)
+    return path
+
+
+HOSTILE = {"fifo": "a FIFO", "dev_zero": "leads out of the key directory",
+           "directory": "a directory",
+           "oversized": "more than a key file's", "dev_null_node": "a character device",
+           "symlink_out": "leads out of the key directory",
+           "relative_symlink_out": "leads out of the key directory"}
+
+
+@pytest.mark.parametrize("plant", sorted(HOSTILE))
+def test_load_refuses_what_is_not_a_small_regular_file(key_dir: Path, plant: str) -> None:
+    """A FIFO used to hang open(), /dev/zero to read until MemoryError: now each is refused
+    at once, with a message naming it."""
+    _planted(key_dir, plant, "0badc0de.key")
+    with pytest.raises(KeyDirError, match=HOSTILE[plant]) as info:
+        _within(5, lambda: KeyRing.load(key_dir))
+    assert "0badc0de.key" in str(info.value)
+
+
+@pytest.mark.parametrize("plant", ["fifo", "dev_zero", "directory", "oversized"])
+def test_load_refuses_a_hostile_signer_file(key_dir: Path, plant: str) -> None:
+    (key_dir / signing.SIGNER_FILE).unlink()
+    _planted(key_dir, plant, signing.SIGNER_FILE)
+    with pytest.raises(KeyDirError, match=HOSTILE[plant]):
+        _within(5, lambda: KeyRing.load(key_dir))
+
+
+def test_load_follows_links_inside_the_directory(tmp_path: Path) -> None:
+    """A Secret volume's root: every file is a link into `..data/` (itself a link)."""
+    volume = _key_dir(tmp_path, "volume")
+    data = volume / "..2026_12_01_00_00_00.000000000"
+    data.mkdir(mode=0o700)
+    _write_key(data, 0x0A0B0C0D, b"\x07" * 32)
+    _write_signer(data, "0a0b0c0d\n")
+    os.symlink(data.name, volume / "..data")
+    for name in ("0a0b0c0d.key", signing.SIGNER_FILE):
+        os.symlink(f"..data/{name}", volume / name)
+    assert KeyRing.load(volume).key_ids == (0x0A0B0C0D,)
+    assert KeyRing.load(volume / "..data").key_ids == (0x0A0B0C0D,)
+
+
+def test_legacy_key_files_still_load(tmp_path: Path) -> None:
+    """Files written before the check line (one hex line and a newline) keep working."""
+    directory = _key_dir(tmp_path)
+    for key_id, key in ((1, b"\x01" * 32), (2, b"\x02" * 64)):
+        _write_key(directory, key_id, key)
+    _write_signer(directory, "00000001")
+    ring = KeyRing.load(directory)
+    assert ring.key_ids == (1, 2)
+    assert ring.sign(SHARE, HANDLE_TYPE, KERNEL) == KeyRing({1: b"\x01" * 32}, 1).sign(
+        SHARE, HANDLE_TYPE, KERNEL)
+
+
+@pytest.mark.parametrize("key_bytes", [32, 64])
+@pytest.mark.parametrize("with_check", [True, False], ids=["checked", "legacy"])
+def test_a_key_file_cut_anywhere_never_gives_another_key(tmp_path: Path, key_bytes: int,
+                                                          with_check: bool) -> None:
+    """Every prefix of a key file (what a reader sees while it is written in place) is
+    refused, except one that already holds the whole key line (the same key)."""
+    directory = _key_dir(tmp_path)
+    key = bytes(range(7, 7 + key_bytes))
+    text = signing.key_file_text(key) if with_check else key.hex() + "\n"
+    _write_signer(directory, "00000001\n")
+    path = directory / "00000001.key"
+    accepted = []
+    for cut in range(len(text) + 1):
+        path.write_text(text[:cut])
+        path.chmod(0o600)
+        try:
+            ring = KeyRing.load(directory)
+        except KeyDirError as exc:
+            assert "00000001.key" in str(exc)
+            continue
+        assert ring.sign(SHARE, HANDLE_TYPE, KERNEL) == KeyRing({1: key}, 1).sign(
+            SHARE, HANDLE_TYPE, KERNEL), f"cut at {cut} gave another key"
+        accepted.append(cut)
+    whole_line = len(key.hex()) + 1
+    assert accepted == ([whole_line, len(text)] if with_check else [len(text)])
+
+
+def test_a_cut_key_file_says_it_is_incomplete(tmp_path: Path) -> None:
+    directory = _key_dir(tmp_path)
+    (directory / "00000001.key").write_text("ab" * 40)
+    (directory / "00000001.key").chmod(0o600)
+    _write_signer(directory, "00000001\n")
+    with pytest.raises(KeyDirError, match=r"incomplete .* write key files atomically"):
+        KeyRing.load(directory)
+
+
+def test_a_key_overwritten_in_place_is_caught_by_its_check(tmp_path: Path) -> None:
+    """A new key written over an old one without truncating: the new key line with the old
+    check line. Without the check it would be taken for a (wrong) key."""
+    directory = _key_dir(tmp_path)
+    old, new = b"\x01" * 32, b"\x02" * 32
+    path = directory / "00000001.key"
+    path.write_text(new.hex() + signing.key_file_text(old)[len(old.hex()):])
+    path.chmod(0o600)
+    _write_signer(directory, "00000001\n")
+    with pytest.raises(KeyDirError, match="check line does not match"):
+        KeyRing.load(directory)
+
+
+@pytest.mark.parametrize("content,message", [
+    ("0" * 65 + "\n", "odd number of hex digits"),
+    ("00" * (signing.MAX_KEY_BYTES + 1) + "\n", "at most 1024"),
+    ("00" * 32 + "\ncheck " + "0" * 16 + "\n", "check line does not match"),
+    ("00" * 32 + "\ncheck " + "0" * 16 + "\nmore\n", "must hold hex digits only"),
+    ("00" * 32 + "\ncheck " + "0" * 16, "incomplete"),
+])
+def test_load_refuses_malformed_key_files(tmp_path: Path, content: str, message: str) -> None:
+    directory = _key_dir(tmp_path)
+    (directory / "00000001.key").write_text(content)
+    (directory / "00000001.key").chmod(0o600)
+    _write_signer(directory, "00000001\n")
+    with pytest.raises(KeyDirError, match=message):
+        KeyRing.load(directory)
