@@ -97,18 +97,53 @@ def check_key_dir(key_dir: str) -> Result:
                   f"{ring.signer:08x}")
 
 
+def socket_dir_problem(directory: str) -> str | None:
+    """Why someone but root could replace the socket in `directory`, or None if no one can.
+
+    The rule (docs/operations.md, "The socket directory"): the socket's own directory must
+    be owned by root and writable by no one else, neither group nor others, sticky or not
+    (a sticky directory still lets anyone create the name while fhmon is down). Every
+    ancestor, as the path resolves, must be owned by root and not writable by group or
+    others unless sticky (there no one else can rename root's directory away).
+    """
+    try:
+        real = os.path.realpath(directory, strict=True)
+    except OSError as exc:
+        return f"socket directory {directory}: {exc.strerror}"
+    path, own = real, True
+    while True:
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            return f"socket directory {directory}: {path}: {exc.strerror}"
+        mode = stat.S_IMODE(st.st_mode)
+        which = f"socket directory {real}" if own else f"{path} (above socket directory {real})"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{which} is not a directory"
+        if st.st_uid not in (0, os.geteuid()):
+            return (f"{which} is owned by uid {st.st_uid}, not root: that user could replace "
+                    f"the socket")
+        writers = " and ".join(w for w, bit in (("its group", 0o020), ("others", 0o002))
+                               if mode & bit)
+        if writers and (own or not mode & stat.S_ISVTX):
+            return (f"{which} is writable by {writers} (mode {mode:o}): they could replace "
+                    f"the socket with their own; make it writable by root only (chmod "
+                    f"go-w {path})")
+        if path == "/":
+            return None
+        path, own = os.path.dirname(path), False
+
+
 def check_socket_dir(socket_path: str) -> Result:
     directory = os.path.dirname(socket_path) or "."
-    try:
-        st = os.stat(directory)
-    except FileNotFoundError:
+    if not os.path.lexists(directory):
         return Result("socket directory", True, f"{directory} will be created")
-    except OSError as exc:
-        return Result("socket directory", False, f"{directory}: {exc.strerror}")
-    if st.st_mode & 0o002:
-        return Result("socket directory", False, f"{directory} is world-writable "
-                      f"(mode {stat.S_IMODE(st.st_mode):o}): anyone could replace the socket")
-    return Result("socket directory", True, f"{directory} mode {stat.S_IMODE(st.st_mode):o}")
+    problem = socket_dir_problem(directory)
+    if problem is not None:
+        return Result("socket directory", False, problem)
+    mode = stat.S_IMODE(os.stat(directory).st_mode)
+    return Result("socket directory", True, f"{directory} mode {mode:o}, only root can "
+                  f"replace the socket")
 
 
 def run_checks(key_dir: str | None, socket_path: str | None) -> list[Result]:

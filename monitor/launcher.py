@@ -19,6 +19,7 @@ import os
 import pwd
 import signal
 import socket
+import struct
 import sys
 from dataclasses import dataclass
 
@@ -113,6 +114,7 @@ class Registration:
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             await sock.connect(self.socket_path)
+            server_is_root(sock, self.socket_path)  # before the listener leaves this process
             hello = native.encode(native.Hello(self.pid, self.share,
                                                f"fhmon-launch/{os.getpid()}"))
             await sock.sendmsg([hello], fdpass.rights([self.listener]))
@@ -155,18 +157,36 @@ class Registration:
             # never races a live answer.
             await restart_stuck_calls(self.pid)
             delay = 0.02
+            refused = ""
             while True:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 try:
                     answer = await self.register()
-                except (OSError, LaunchError):
+                except OSError:
+                    continue
+                except LaunchError as exc:
+                    if str(exc) != refused:  # once per reason, not once per retry
+                        refused = str(exc)
+                        print(f"fhmon launch: {refused}", file=sys.stderr)
                     continue
                 if isinstance(answer, native.Accept):
                     break
                 print(f"fhmon launch: re-registration refused: "
                       f"{getattr(answer, 'reason', answer)}", file=sys.stderr)
             print("fhmon launch: registered again", file=sys.stderr)
+
+
+def server_is_root(sock: trio.socket.SocketType, socket_path: str) -> None:
+    """Refuse to hand the listener to anything but root: the kernel's SO_PEERCRED names the
+    process that bound and listens on the socket. Whoever holds the listener answers the
+    target's calls, so a socket replaced by another user (a writable socket directory, a
+    wrong path) must not get it."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", raw)
+    if uid != 0:
+        raise LaunchError(f"the server at {socket_path} runs as uid {uid} (pid {pid}), not "
+                          f"root: refusing to hand it the listener (is that fhmon's socket?)")
 
 
 async def restart_stuck_calls(pid: int) -> None:

@@ -27,6 +27,7 @@ import trio
 
 from monitor import fdpass, log
 from monitor.calls import Answerer, PeerCred, Target
+from monitor.check import socket_dir_problem
 from monitor.config import Config
 from monitor.credentials import acting_as
 from monitor.dispatch_thread import DispatchThread
@@ -142,13 +143,9 @@ class Service:
         path = self.config.socket
         directory = os.path.dirname(path) or "."
         os.makedirs(directory, mode=0o755, exist_ok=True)
-        st = os.stat(directory)
-        if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
-            raise RegistrationRefused(f"socket directory {directory} is writable by others; "
-                                      f"refusing to serve from it")
-        if st.st_mode & 0o002:
-            raise RegistrationRefused(f"socket directory {directory} is world-writable "
-                                      f"(sticky); use a directory only root can write")
+        problem = socket_dir_problem(directory)
+        if problem is not None:
+            raise RegistrationRefused(f"{problem}; refusing to serve from it")
         try:
             if stat.S_ISSOCK(os.lstat(path).st_mode):
                 os.unlink(path)
