@@ -60,6 +60,8 @@ def install(program: bytes) -> int:
                       ctypes.byref(prog))
     if fd < 0:
         err = ctypes.get_errno()
+        if err == errno.EBUSY:
+            raise ListenerBusy(ALREADY_LISTENED)
         raise OSError(err, f"seccomp(SET_MODE_FILTER, NEW_LISTENER): {os.strerror(err)}")
     os.set_inheritable(fd, False)
     return int(fd)
@@ -69,6 +71,17 @@ def install(program: bytes) -> int:
 
 class FilterSetupError(Exception):
     """The child could not drop to its user or install the filter; the text says why."""
+
+
+class ListenerBusy(FilterSetupError):
+    """The kernel allows one notify listener per filter chain: a second NEW_LISTENER in a
+    process that already runs under one fails with EBUSY."""
+
+
+ALREADY_LISTENED = (
+    "this process already runs under another seccomp notify listener (a container "
+    "runtime's seccomp agent, or an enclosing `fhmon launch`), and the kernel allows only "
+    "one (EBUSY): run fhmon launch outside it, or register the process through that agent")
 
 
 _LISTENER, _ERROR, _GO = b"L", b"E", b"G"
@@ -103,7 +116,8 @@ def fork_under_filter(user: tuple[int, int] | None = None, argv: list[str] | Non
         except BaseException as exc:  # report to the parent, then die without cleanup
             with contextlib.suppress(OSError):
                 name = argv[0] if argv else "child"
-                child_end.sendall(_ERROR + f"{name}: {exc}".encode(errors="replace"))
+                text = str(exc) if isinstance(exc, FilterSetupError) else f"{name}: {exc}"
+                child_end.sendall(_ERROR + text.encode(errors="replace"))
             os._exit(127)
     child_end.close()
     try:

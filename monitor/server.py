@@ -395,6 +395,13 @@ class Service:
                 if kcmp_same_file(other.listener.fd, listener_fd):
                     raise RegistrationRefused("this listener is already registered",
                                               errno.EEXIST)
+            holder = self._listened_by(target_pid)
+            if holder is not None:
+                raise RegistrationRefused(
+                    f"process {target_pid} already runs under another seccomp notify listener "
+                    f"(fhmon's target {holder.target_id}, registered over {holder.convention}), "
+                    f"and the kernel allows a process only one (EBUSY): this listener cannot "
+                    f"be its", errno.EBUSY)
             if len(self.targets) >= self.config.max_targets:
                 raise RegistrationRefused("too many targets", errno.EAGAIN)
             if target_pid <= 0:
@@ -437,6 +444,20 @@ class Service:
                   peer_uid=peer.uid, peer_pid=peer.pid, mount_root=share.is_mount_root)
         nursery.start_soon(self._serve_target, target)
         return target
+
+    def _listened_by(self, pid: int) -> Target | None:
+        """The target whose listener already serves process `pid`, if any. A second
+        NEW_LISTENER in a process under one fails with EBUSY, so another listener named for
+        that process is not its (a runtime wired to fhmon twice, or a confused client).
+        The registered process must be the one that lives under `pid` now: its filter
+        still has a task, and `pid` started before that registration (not a reused pid)."""
+        for other in self.targets.values():
+            if other.pid != pid or other.listener.hung_up():
+                continue
+            started = _process_start_time(pid)
+            if started is not None and started <= other.registered_at + 1.0:  # btime: 1 s
+                return other
+        return None
 
     # --- the keeper (listeners that must outlive this process) ------------------------------
     def _keeper_record(self, target: Target) -> dict[str, Any]:
@@ -650,6 +671,18 @@ def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _process_start_time(pid: int) -> float | None:
+    """When process `pid` started (wall clock, to the second of the boot time)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            ticks = int(handle.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith(b"btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _peer_cred(conn: trio.socket.SocketType) -> PeerCred:
