@@ -33,6 +33,7 @@ class Config:
     log_level: str = "info"
     registration_timeout: float = 5.0
     max_connections: int = 1024
+    max_connections_per_uid: int = 32
     max_targets: int = 4096
     metrics_address: str = ""
     sync_wakeup: bool = True
@@ -187,7 +188,7 @@ def _validate(key: str, value: Any) -> Any:
                 raise ConfigError("config key 'workers': must be in [0, 64] (0: fhmon serve "
                                   "answers the calls itself)")
             return number
-        case "max_connections" | "max_targets":
+        case "max_connections" | "max_connections_per_uid" | "max_targets":
             number = _expect(key, value, int)
             if number < 1:
                 raise ConfigError(f"config key {key!r}: must be at least 1")

@@ -7,6 +7,7 @@ and the finally blocks close every fd.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import itertools
@@ -58,7 +59,8 @@ class Service:
         self.stats = CallStats()
         self.targets: dict[int, Target] = {}
         self._ids = itertools.count(1)
-        self._connections = 0
+        self._connections = 0  # pending connections of every uid but root
+        self._pending: collections.Counter[int] = collections.Counter()  # uid -> pending
         self.metrics = Metrics(self)
         self.dispatcher = Dispatcher([metrics_middleware(self.stats),
                                       audit_middleware(self.stats)])
@@ -215,13 +217,17 @@ class Service:
                         log.event("accept_failed", logging.ERROR, error=exc.strerror)
                         await trio.sleep(0.1)
                         continue
-                    if self._connections >= self.config.max_connections:
+                    try:
+                        peer = _peer_cred(conn)
+                    except OSError:
                         conn.close()
-                        log.event("connection_dropped", logging.WARNING,
-                                  reason="too many connections")
                         continue
-                    self._connections += 1
-                    nursery.start_soon(self._connection, conn, nursery)
+                    refusal = self._admit(peer.uid)
+                    if refusal is not None:
+                        conn.close()
+                        self._dropped(peer, refusal)
+                        continue
+                    nursery.start_soon(self._connection, conn, peer, nursery)
         finally:
             sock.close()
             for worker in self._workers:
@@ -239,10 +245,42 @@ class Service:
                       targets=len(self.targets))
 
     # --- one intake connection -----------------------------------------------------------
-    async def _connection(self, conn: trio.socket.SocketType, nursery: trio.Nursery) -> None:
+    def _admit(self, uid: int) -> str | None:
+        """Count a new connection of `uid` as pending (not yet registered), or say why not.
+
+        Pending connections are capped per client uid (max_connections_per_uid) and, for
+        all uids but root together, by max_connections; root has a pool of its own, so a
+        group member holding every slot starves neither root's registrations nor the
+        health probe. Registered connections (a launcher's, kept for the target's life)
+        are bounded by max_targets instead."""
+        if uid != 0:
+            if self._pending[uid] >= self.config.max_connections_per_uid:
+                return f"uid {uid} has max_connections_per_uid pending connections"
+            if self._connections >= self.config.max_connections:
+                return "too many connections"
+            self._connections += 1
+        elif self._pending[0] >= self.config.max_connections:
+            return "too many connections from root"
+        self._pending[uid] += 1
+        return None
+
+    def _settled(self, uid: int) -> None:
+        """The pending connection of `uid` registered or ended."""
+        self._pending[uid] -= 1
+        if not self._pending[uid]:
+            del self._pending[uid]
+        if uid != 0:
+            self._connections -= 1
+
+    def _dropped(self, peer: PeerCred, reason: str) -> None:
+        log.event("connection_dropped", logging.WARNING, peer_uid=peer.uid, peer_pid=peer.pid,
+                  reason=reason)
+
+    async def _connection(self, conn: trio.socket.SocketType, peer: PeerCred,
+                          nursery: trio.Nursery) -> None:
         fds: list[int] = []
+        pending = True
         try:
-            peer = _peer_cred(conn)
             linger = False
             with trio.move_on_after(self.config.registration_timeout) as scope:
                 data, fds = await _recv_with_fds(conn, fds)
@@ -260,6 +298,8 @@ class Service:
                 log.event("registration_refused", logging.WARNING, peer_pid=peer.pid,
                           peer_uid=peer.uid, reason="timed out waiting for a registration")
             if linger:
+                pending = False
+                self._settled(peer.uid)
                 await self._linger(conn)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -269,7 +309,8 @@ class Service:
             for fd in fds:
                 _close_quietly(fd)
             conn.close()
-            self._connections -= 1
+            if pending:
+                self._settled(peer.uid)
 
     async def _native(self, conn: trio.socket.SocketType, peer: PeerCred, data: bytes,
                       fds: list[int], nursery: trio.Nursery) -> bool:

@@ -17,7 +17,8 @@ from monitor.config import Config, ConfigError, apply, finish
 FAST = settings(max_examples=200, deadline=None)
 
 ALL_KEYS = ["allow", "dispatch_thread", "drop_capabilities", "keeper_socket", "key_dir",
-            "log_level", "max_connections", "max_targets", "metrics_address", "recv_thread",
+            "log_level", "max_connections", "max_connections_per_uid", "max_targets",
+            "metrics_address", "recv_thread",
             "registration_timeout", "sandbox", "signing", "socket", "socket_group",
             "socket_mode", "socket_owner", "state_dir", "sync_wakeup", "workers"]
 
@@ -229,7 +230,7 @@ def test_registration_timeout_range(value: float) -> None:
         _apply({"registration_timeout": value})
 
 
-@pytest.mark.parametrize("key", ["max_connections", "max_targets"])
+@pytest.mark.parametrize("key", ["max_connections", "max_connections_per_uid", "max_targets"])
 def test_counts(key: str) -> None:
     assert getattr(_apply({key: 1}), key) == 1
     assert getattr(_apply({key: 10**6}), key) == 10**6
@@ -331,6 +332,7 @@ def test_to_toml_default_text() -> None:
         'log_level = "info"\n'
         "registration_timeout = 5.0\n"
         "max_connections = 1024\n"
+        "max_connections_per_uid = 32\n"
         "max_targets = 4096\n"
         'metrics_address = ""\n'
         "sync_wakeup = true\n"
