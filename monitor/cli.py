@@ -205,10 +205,32 @@ def _probe(args: argparse.Namespace) -> int:
     return 0 if health.get("ok") else 1
 
 
-def _status(args: argparse.Namespace) -> int:
+def _ask_status(args: argparse.Namespace) -> Any:
+    """The whole status, page by page over one connection (a reply is one bounded frame)."""
     from protocol import native
 
-    status = _ask_json("status", args, native.StatusRequest())
+    pages = native.StatusPages()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(args.timeout)
+            sock.connect(args.socket)
+            decoder = native.FrameDecoder()
+            while pages.request is not None:
+                sock.sendall(native.encode(pages.request))
+                while (message := decoder.next_message()) is None:
+                    data = sock.recv(65536)
+                    if not data:
+                        raise ConnectionError("fhmon closed the connection")
+                    decoder.feed(data)
+                pages.feed(message)
+        return pages.status
+    except (OSError, native.ProtocolError) as exc:
+        print(f"fhmon status: {args.socket}: {exc}", file=sys.stderr)
+        return None
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = _ask_status(args)
     if status is None:
         return 1
     if args.json:

@@ -359,8 +359,7 @@ class Service:
                     if isinstance(message, native.Ping):
                         await conn.send(native.encode(self._pong()))
                     elif isinstance(message, native.StatusRequest):
-                        await conn.send(native.encode(native.StatusReply(
-                            json.dumps(self.status()))))
+                        await conn.send(native.encode(self.status_page(message.after)))
                     elif isinstance(message, native.Hello):
                         await conn.send(native.encode(native.Refuse(
                             errno.EALREADY, "this connection already registered")))
@@ -373,7 +372,7 @@ class Service:
             case native.Ping():
                 return self._pong()
             case native.StatusRequest():
-                return native.StatusReply(json.dumps(self.status()))
+                return self.status_page(message.after)
             case native.Hello():
                 if registered:
                     return native.Refuse(errno.EALREADY, "this connection already registered")
@@ -692,7 +691,17 @@ class Service:
 
     def status(self) -> dict[str, Any]:
         return {"targets": [t.describe() for t in self.targets.values()],
-                "counters": self.stats.as_dict(),
+                **self._status_summary()}
+
+    def status_page(self, after: int) -> native.StatusReply:
+        """One frame of the status: the summary and the targets past `after` that fit."""
+        targets = sorted((t for t in self.targets.values() if t.target_id > after),
+                         key=lambda t: t.target_id)
+        return native.status_page(self._status_summary(), [t.describe() for t in targets],
+                                  after, total=len(self.targets))
+
+    def _status_summary(self) -> dict[str, Any]:
+        return {"counters": self.stats.as_dict(),
                 "keys": [f"{k:08x}" for k in self.keys.key_ids],
                 "signer": f"{self.keys.signer:08x}", "pid": os.getpid(),
                 "workers": [w.process.pid for w in self._workers],

@@ -11,8 +11,10 @@ turns bytes into messages and messages into bytes and keeps a tiny decoder state
 from __future__ import annotations
 
 import enum
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import construct as cs
 
@@ -58,6 +60,7 @@ RefusePayload = cs.Struct(
     "reason" / _Text,
 )
 JsonPayload = cs.Struct("json" / cs.PascalString(cs.Int32ub, "utf8"))
+StatusPayload = cs.Struct("after" / cs.Int64ub)
 
 
 class ProtocolError(Exception):
@@ -98,7 +101,10 @@ class Pong:
 
 @dataclass(frozen=True, slots=True)
 class StatusRequest:
-    pass
+    """after: the page of targets whose ids are greater (0: the first page). The first
+    request has no payload, as before paging, so that any fhmon answers it."""
+
+    after: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +141,8 @@ def encode(message: Message) -> bytes:
         case Pong():
             return _frame(Kind.PONG, JsonPayload.build({"json": message.json}))
         case StatusRequest():
-            return _frame(Kind.STATUS, b"")
+            return _frame(Kind.STATUS, StatusPayload.build({"after": message.after})
+                          if message.after else b"")
         case StatusReply():
             return _frame(Kind.STATUS_REPLY, JsonPayload.build({"json": message.json}))
     raise TypeError(f"not a message: {message!r}")
@@ -156,9 +163,12 @@ def _decode_payload(version: int, kind: int, payload: bytes) -> Message:
                 r = RefusePayload.parse(payload)
                 _reject_trailing(RefusePayload, r, payload)
                 return Refuse(r.errno, r.reason)
+            case Kind.STATUS if len(payload) == StatusPayload.sizeof():
+                return StatusRequest(StatusPayload.parse(payload).after)
             case Kind.PING | Kind.STATUS:
                 if payload:
-                    raise ProtocolError("this message has no payload")
+                    raise ProtocolError("this message has no payload" if kind == Kind.PING
+                                        else "STATUS carries no payload or a u64 target id")
                 return Ping() if kind == Kind.PING else StatusRequest()
             case Kind.PONG | Kind.STATUS_REPLY:
                 j = JsonPayload.parse(payload)
@@ -241,3 +251,98 @@ def decode_one(data: bytes) -> Message:
 def looks_native(first_bytes: bytes) -> bool:
     """Intake sniffing: native frames start with the magic, OCI states with JSON."""
     return first_bytes[:1] == MAGIC[:1]
+
+
+# --- STATUS in pages -----------------------------------------------------------------------
+# One STATUS_REPLY carries the summary (counters, keys, ...) and as many targets, in id order,
+# as fit in one frame; "next" is the id to ask after (STATUS with that u64), or null on the
+# last page; "total_targets" counts them all. Paging by id is stable while targets come and
+# go: each appears at most once; one that leaves meanwhile may be missing.
+
+TRUNCATED: Final = "...(truncated)"
+
+
+def status_page(summary: dict[str, Any], targets: Sequence[dict[str, Any]], after: int,
+                total: int | None = None, budget: int = MAX_PAYLOAD - 4) -> StatusReply:
+    """The reply to StatusRequest(after): `targets` (each with an int "id", sorted by it)
+    past `after`, as many as fit in `budget` bytes of JSON with the summary. total: how
+    many targets there are in all (default: len(targets))."""
+    page: list[str] = []
+    total = len(targets) if total is None else total
+    used = len(_status_json(summary, [], total, 2**63))
+    if used > budget:
+        raise ValueError(f"the status summary alone takes {used} bytes, over {budget}")
+    last = after
+    for target in targets:
+        if target["id"] <= after:
+            continue
+        text = json.dumps(target)
+        if used + len(text) + 2 > budget:
+            if page:
+                return StatusReply(_status_json(summary, page, total, last))
+            text = _shrunk(target, budget - used - 2)
+        page.append(text)
+        used += len(text) + 2
+        last = target["id"]
+    return StatusReply(_status_json(summary, page, total, None))
+
+
+def _status_json(summary: dict[str, Any], page: list[str], total: int,
+                 next_id: int | None) -> str:
+    head = json.dumps({**summary, "total_targets": total, "next": next_id})
+    return f'{head[:-1]}, "targets": [{", ".join(page)}]}}'
+
+
+def _shrunk(target: dict[str, Any], room: int) -> str:
+    """One target too large for a page on its own: its longest strings cut until it fits."""
+    shrunk = dict(target)
+    while len(text := json.dumps(shrunk)) > room:
+        key = max((k for k, v in shrunk.items() if isinstance(v, str)),
+                  key=lambda k: len(json.dumps(shrunk[k])), default=None)
+        if key is None or shrunk[key] == TRUNCATED:
+            raise ValueError(f"a target of {len(text)} bytes cannot fit in {room}")
+        value = shrunk[key]
+        shrunk[key] = value[: max(0, len(value) // 2 - len(TRUNCATED))] + TRUNCATED
+    return text
+
+
+class StatusPages:
+    """The client's side of a paged STATUS: feed each reply; `request` is what to send
+    next (None when the last page arrived), `status` the merged answer."""
+
+    def __init__(self, max_pages: int = 1 << 20) -> None:
+        self.request: StatusRequest | None = StatusRequest()
+        self._targets: list[Any] = []
+        self._summary: dict[str, Any] = {}
+        self._pages_left = max_pages
+
+    def feed(self, reply: Message) -> None:
+        if self.request is None:
+            raise ProtocolError("a STATUS_REPLY nobody asked for")
+        if not isinstance(reply, StatusReply):
+            raise ProtocolError(f"expected STATUS_REPLY, got {type(reply).__name__}")
+        try:
+            page = json.loads(reply.json)
+        except ValueError as exc:
+            raise ProtocolError(f"STATUS_REPLY is not JSON: {exc}") from None
+        if not isinstance(page, dict) or not isinstance(page.get("targets", []), list):
+            raise ProtocolError("STATUS_REPLY is not a status object")
+        self._targets += page.pop("targets", [])
+        next_id = page.pop("next", None)
+        self._summary = page
+        self._pages_left -= 1
+        if next_id is None:
+            self.request = None
+        elif (not isinstance(next_id, int) or next_id <= self.request.after
+              or self._pages_left <= 0):
+            raise ProtocolError(f"STATUS_REPLY pages do not progress (next {next_id!r} "
+                                f"after {self.request.after})")
+        else:
+            self.request = StatusRequest(next_id)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """Every target received, under the summary of the last page."""
+        if self.request is not None:
+            raise ProtocolError("the status is not complete yet")
+        return {**self._summary, "targets": self._targets}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -23,6 +25,7 @@ from protocol.native import (
     Pong,
     ProtocolError,
     Refuse,
+    StatusPages,
     StatusReply,
     StatusRequest,
     decode_one,
@@ -51,6 +54,7 @@ def _messages(max_text: int) -> st.SearchStrategy[Message]:
         st.just(Ping()),
         st.builds(Pong, json=_texts(max_text)),
         st.just(StatusRequest()),
+        st.builds(StatusRequest, after=U64),
         st.builds(StatusReply, json=_texts(max_text)),
     )
 
@@ -368,9 +372,11 @@ def test_unknown_kind(kind: int, payload: bytes) -> None:
 
 
 @pytest.mark.parametrize("kind", [Kind.PING, Kind.STATUS])
-@pytest.mark.parametrize("payload", [b"\x00", b"ping", b"\x00" * 100])
+@pytest.mark.parametrize("payload", [b"\x00", b"ping", b"\x00" * 7, b"\x00" * 9,
+                                     b"\x00" * 100])
 def test_empty_messages_with_payload(kind: Kind, payload: bytes) -> None:
-    with pytest.raises(ProtocolError, match="this message has no payload"):
+    words = "this message has no payload" if kind == Kind.PING else "no payload or a u64"
+    with pytest.raises(ProtocolError, match=words):
         decode_one(_frame(1, kind, payload))
 
 
@@ -508,3 +514,118 @@ def test_whatever_decodes_re_encodes_to_the_same_bytes(data: bytes) -> None:
     except ProtocolError:
         return
     assert encode(message) == data
+
+
+# --- STATUS in pages ------------------------------------------------------------------------
+
+
+def test_status_request_after_bytes() -> None:
+    """The first page is asked as before paging (no payload); later ones carry a u64."""
+    assert encode(StatusRequest(0)) == encode(StatusRequest())
+    assert encode(StatusRequest(0x0102030405060708)) == (
+        b"FHMN\x00\x01\x00\x06\x00\x00\x00\x08\x01\x02\x03\x04\x05\x06\x07\x08")
+    assert decode_one(encode(StatusRequest(77))) == StatusRequest(77)
+    assert decode_one(_frame(1, Kind.STATUS, bytes(8))) == StatusRequest(0)
+
+
+SUMMARY = {"counters": {"name_to_handle_at": {"success": 12, "EACCES": 3}},
+           "keys": ["0a0b0c0d"], "signer": "0a0b0c0d", "pid": 4242, "workers": [], "fds": 19}
+
+
+def _target(target_id: int, share: str = "") -> dict[str, Any]:
+    """What Target.describe() gives (monitor/calls.py), at a realistic size."""
+    share = share or (f"/var/lib/kubelet/pods/{target_id:036d}/volumes/kubernetes.io~csi/"
+                      f"pvc-{target_id}/mount")
+    return {"id": target_id, "pid": 100000 + target_id, "share": share,
+            "share_in_target": "/var/run/kubevirt-private/vmi-disks/share", "convention": "native",
+            "peer_uid": 107, "peer_pid": 9000 + target_id, "calls": 123456789,
+            "registered_at": 1764600000.123456}
+
+
+def _collect(summary: dict[str, Any], targets: list[dict[str, Any]],
+             budget: int = MAX_PAYLOAD - 4) -> tuple[dict[str, Any], int]:
+    """Run the client's pager against the server's page builder, through real frames."""
+    pages = StatusPages()
+    count = 0
+    while pages.request is not None:
+        after = pages.request.after
+        request = decode_one(encode(pages.request))
+        assert isinstance(request, StatusRequest) and request.after == after
+        reply = native.status_page(summary, [t for t in targets if t["id"] > after], after,
+                                   total=len(targets), budget=budget)
+        frame = encode(reply)  # raises if over MAX_PAYLOAD
+        assert len(frame) <= HEADER_SIZE + MAX_PAYLOAD
+        pages.feed(decode_one(frame))
+        count += 1
+    return pages.status, count
+
+
+def test_two_hundred_targets_come_in_bounded_pages() -> None:
+    """The reply outgrew the 16 KiB frame at ~70 targets; now it is paged."""
+    targets = [_target(i) for i in range(1, 201)]
+    assert len(json.dumps({**SUMMARY, "targets": targets})) > MAX_PAYLOAD  # the old failure
+    status, count = _collect(SUMMARY, targets)
+    assert status["targets"] == targets
+    assert status["total_targets"] == 200
+    assert {k: status[k] for k in SUMMARY} == SUMMARY
+    assert 2 <= count <= 5
+
+
+def test_a_small_status_is_one_page_like_before() -> None:
+    reply = native.status_page(SUMMARY, [_target(1), _target(2)], 0)
+    body = json.loads(reply.json)
+    assert body["targets"] == [_target(1), _target(2)] and body["next"] is None
+    assert body["total_targets"] == 2
+
+
+def test_no_targets() -> None:
+    status, count = _collect(SUMMARY, [])
+    assert (status["targets"], status["total_targets"], count) == ([], 0, 1)
+
+
+def test_a_reply_of_a_server_without_paging_is_complete() -> None:
+    pages = StatusPages()
+    pages.feed(StatusReply(json.dumps({**SUMMARY, "targets": [_target(1)]})))
+    assert pages.request is None and pages.status["targets"] == [_target(1)]
+
+
+def test_a_target_too_large_for_a_page_is_cut_to_fit() -> None:
+    huge = _target(5, share="/" + "\u00e9" * 4000)  # 6 bytes of JSON a character
+    status, _ = _collect(SUMMARY, [_target(1), huge, _target(9)])
+    got = [t["id"] for t in status["targets"]]
+    assert got == [1, 5, 9]
+    cut = status["targets"][1]
+    assert cut["share"].endswith(native.TRUNCATED) and cut["pid"] == huge["pid"]
+
+
+@FEWER
+@given(st.lists(st.tuples(st.integers(1, 10_000), st.text(max_size=3000)), max_size=60,
+                unique_by=lambda t: t[0]),
+       st.integers(2_000, MAX_PAYLOAD - 4))
+def test_pages_never_exceed_the_frame_and_lose_no_target(
+        entries: list[tuple[int, str]], budget: int) -> None:
+    targets = sorted((_target(i, share=text) for i, text in entries), key=lambda t: t["id"])
+    status, _ = _collect(SUMMARY, targets, budget)
+    assert [t["id"] for t in status["targets"]] == [t["id"] for t in targets]
+    for got, sent in zip(status["targets"], targets, strict=True):
+        assert got == sent or got["share"].endswith(native.TRUNCATED)
+
+
+@pytest.mark.parametrize("reply,words", [
+    (Pong("{}"), "expected STATUS_REPLY"),
+    (StatusReply("not json"), "not JSON"),
+    (StatusReply("[]"), "not a status object"),
+    (StatusReply(json.dumps({"targets": [], "next": 0})), "do not progress"),
+    (StatusReply(json.dumps({"targets": [], "next": "7"})), "do not progress"),
+])
+def test_the_pager_refuses_bad_replies(reply: Message, words: str) -> None:
+    with pytest.raises(ProtocolError, match=words):
+        StatusPages().feed(reply)
+
+
+def test_the_pager_refuses_a_server_that_goes_backwards() -> None:
+    pages = StatusPages()
+    pages.feed(StatusReply(json.dumps({"targets": [_target(5)], "next": 5})))
+    assert pages.request == StatusRequest(5)
+    with pytest.raises(ProtocolError, match="do not progress"):
+        pages.feed(StatusReply(json.dumps({"targets": [_target(3)], "next": 3})))
