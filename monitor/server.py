@@ -59,6 +59,7 @@ class Service:
         self.stats = CallStats()
         self.targets: dict[int, Target] = {}
         self._ids = itertools.count(1)
+        self._keeper_dirty = trio.Event()  # set when a target for the keeper registers
         self._connections = 0  # pending connections of every uid but root
         self._pending: collections.Counter[int] = collections.Counter()  # uid -> pending
         self.metrics = Metrics(self)
@@ -206,6 +207,7 @@ class Service:
                     await nursery.start(serve_http, self.metrics, self.config.metrics_address)
                 if self.config.keeper_socket:
                     await self.restore_from_keeper(nursery)
+                    nursery.start_soon(self._sync_keeper)
                 log.event("serving", socket=self.config.socket, key_dir=self.config.key_dir,
                           allow=self.config.allow, keys=[f"{k:08x}" for k in self.keys.key_ids],
                           signer=f"{self.keys.signer:08x}", pid=os.getpid())
@@ -413,9 +415,9 @@ class Service:
                                           f"{len(fds)} arrived", errno.EINVAL)
             share = oci.share_from_metadata(state.metadata)
             listener_fd = fds.pop(state.seccomp_fd_index)
-            target = self._register(listener_fd, state.pid, share, peer, "oci", nursery)
+            self._register(listener_fd, state.pid, share, peer, "oci", nursery)
             if self.config.keeper_socket:
-                nursery.start_soon(self._deposit, target)
+                self._keeper_dirty.set()  # _sync_keeper deposits it
         except oci.OciStateError as exc:
             self._refused(peer, str(exc))
         except RegistrationRefused as exc:
@@ -504,18 +506,58 @@ class Service:
         return {"pid": target.pid, "share": target.share.target_path, "uid": target.peer.uid,
                 "gid": target.peer.gid, "convention": target.convention}
 
-    async def _deposit(self, target: Target) -> None:
-        try:
-            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-            with sock, trio.move_on_after(5):
+    async def _sync_keeper(self) -> None:
+        """Keep every OCI target's listener deposited with the keeper, whatever order the
+        two restart in: one connection for as long as the keeper lives; on it, each such
+        target is deposited once (the keeper ignores a listener it holds already). When
+        the keeper goes away (EOF), connect again with backoff and deposit them all
+        again: a keeper that restarted holds nothing, and a deposit that failed is
+        retried. So a listener is lost only if fhmon and the keeper are down together."""
+        delay, outage = 0.05, False
+        while True:
+            try:
+                deposited = await self._keeper_session()
+            except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                if not outage:
+                    log.event("keeper_unreachable", logging.WARNING,
+                              keeper=self.config.keeper_socket, error=str(exc),
+                              hint="listeners are deposited once it is back")
+                outage = True
+            else:
+                log.event("keeper_lost", logging.WARNING, keeper=self.config.keeper_socket,
+                          deposited=deposited, hint="depositing again once it is back")
+                outage, delay = True, 0.05
+            await trio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _keeper_session(self) -> int:
+        """One connection to the keeper, until it closes; returns how many deposits."""
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        with sock:
+            with trio.fail_after(5):
                 await sock.connect(self.config.keeper_socket)
-                frame = keeper_wire.encode({"op": "deposit",
-                                            "target": self._keeper_record(target)})
-                await sock.sendmsg([frame], fdpass.rights([target.listener.fd]))
-                log.event("deposited", target=target.target_id, keeper=self.config.keeper_socket)
-        except OSError as exc:
-            log.event("deposit_failed", logging.ERROR, target=target.target_id,
-                      error=str(exc), hint="the listener will not survive a restart of fhmon")
+            deposited: set[int] = set()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_on_eof, sock, nursery.cancel_scope)
+                first = True
+                while True:
+                    self._keeper_dirty = trio.Event()  # before the scan: nothing is missed
+                    for target in list(self.targets.values()):
+                        if target.convention != "oci" or target.target_id in deposited:
+                            continue
+                        frame = keeper_wire.encode({"op": "deposit",
+                                                    "target": self._keeper_record(target)})
+                        with trio.fail_after(5):
+                            await sock.sendmsg([frame], fdpass.rights([target.listener.fd]))
+                        deposited.add(target.target_id)
+                        log.event("deposited", target=target.target_id,
+                                  keeper=self.config.keeper_socket)
+                    if first:
+                        log.event("keeper_synced", keeper=self.config.keeper_socket,
+                                  deposited=len(deposited))
+                        first = False
+                    await self._keeper_dirty.wait()
+        return len(deposited)
 
     async def restore_from_keeper(self, nursery: trio.Nursery) -> int:
         """Withdraw every listener the keeper holds; restart their stuck calls; serve them."""
@@ -709,6 +751,16 @@ class Service:
 
 
 # --- small I/O helpers ------------------------------------------------------------------
+
+async def _cancel_on_eof(sock: trio.socket.SocketType, scope: trio.CancelScope) -> None:
+    """The peer sends nothing: any byte or EOF (or error) ends the session."""
+    try:
+        while await sock.recv(4096):
+            pass
+    except OSError:
+        pass
+    scope.cancel()
+
 
 async def _stop_on_cancel(stop: Callable[[], None]) -> None:
     try:

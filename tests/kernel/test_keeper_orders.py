@@ -1,0 +1,130 @@
+"""fhmon and the keeper restarting in every order (issue 17 item 11).
+
+A runc-registered listener has no copy but fhmon's and the keeper's. Found: when the keeper
+restarted (it then holds nothing) or was down when the target registered (the deposit
+failed and was never retried), the next fhmon restart lost the listener: the target got
+ENOSYS for good. The rule now: whatever order they restart in, no listener is lost while at
+least one of the two runs. Each order is played here with SIGKILLs (no goodbyes), with a
+real runc-style target calling before, between and after.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FHMON, Agent, Service, World, wait_until
+
+
+class KeeperProc:
+    """A `fhmon keeper` whose log is kept across restarts (one file, runs appended)."""
+
+    def __init__(self, base: Path, name: str) -> None:
+        self.socket = str(base / f"{name}.sock")
+        self.log_path = base / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.runs = 0
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            log.write(b"--- start\n")
+            self.proc = subprocess.Popen([FHMON, "keeper", "--socket", self.socket],
+                                         stdout=log, stderr=log)
+        self.runs += 1
+        assert wait_until(lambda: '"event":"keeper_serving"' in self.this_run(), 15), \
+            self.log_path.read_text()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def this_run(self) -> str:
+        return self.log_path.read_text(errors="replace").rsplit("--- start\n", 1)[-1]
+
+    def holds(self) -> int:
+        return self.this_run().count('"event":"keeper_holds"')
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+def served(agent: Agent) -> int:
+    return int(agent.call("n2h", path="file", answer_within=30)["errno"])
+
+
+ORDERS = {
+    "fhmon restarts": ["fhmon"],
+    "keeper restarts, then fhmon": ["keeper", "fhmon"],
+    "keeper restarts twice, then fhmon": ["keeper", "keeper", "fhmon"],
+    "fhmon, then keeper, then fhmon": ["fhmon", "keeper", "fhmon"],
+    "keeper down at registration, then up, then fhmon": ["keeper-up-late", "fhmon"],
+    "keeper restarts, then fhmon twice": ["keeper", "fhmon", "fhmon"],
+}
+
+
+@pytest.mark.parametrize("order", list(ORDERS))
+def test_no_listener_is_lost_while_one_of_them_runs(world: World, order: str) -> None:
+    steps = ORDERS[order]
+    name = f"order{list(ORDERS).index(order)}"
+    keeper = KeeperProc(world.base, f"{name}-keeper")
+    late = steps[0] == "keeper-up-late"
+    if late:
+        steps = steps[1:]
+    else:
+        keeper.start()
+    service = Service(world.base, [str(world.shares / "*")], name=name,
+                      extra=["--keeper", keeper.socket])
+    agent = Agent(world, "runc", world.main, service.socket)
+    try:
+        assert served(agent) == 0
+        if late:  # the deposit could not be made: the keeper was not there
+            time.sleep(0.5)
+            keeper.start()
+        assert wait_until(lambda: keeper.holds() == 1, 15), "the keeper never got it"
+        for step in steps:
+            if step == "keeper":
+                keeper.kill()
+                assert served(agent) == 0  # fhmon alone holds it meanwhile
+                keeper.start()
+                assert wait_until(lambda: keeper.holds() == 1, 15), \
+                    "fhmon did not deposit again with the restarted keeper"
+            else:
+                service.stop(signal.SIGKILL)
+                service.start()
+                assert served(agent) == 0, "the listener was lost"
+        assert served(agent) == 0
+    finally:
+        agent.close()
+        service.stop()
+        keeper.stop()
+        if os.path.exists(keeper.socket):
+            os.unlink(keeper.socket)
+
+
+def test_both_down_together_loses_the_listener_as_documented(world: World) -> None:
+    """The limit of the rule: with neither running, the last copy is gone (ENOSYS)."""
+    keeper = KeeperProc(world.base, "both-down-keeper")
+    keeper.start()
+    service = Service(world.base, [str(world.shares / "*")], name="both-down",
+                      extra=["--keeper", keeper.socket])
+    agent = Agent(world, "runc", world.main, service.socket)
+    try:
+        assert served(agent) == 0
+        assert wait_until(lambda: keeper.holds() == 1, 15)
+        keeper.kill()
+        service.stop(signal.SIGKILL)
+        assert agent.call("n2h", path="file", answer_within=30)["errno"] == errno.ENOSYS
+    finally:
+        agent.close()
+        keeper.stop()
