@@ -6,12 +6,21 @@ fhmon deposits a copy of every such listener here; a restarted fhmon withdraws t
 and serves them again. The keeper never reads notifications: holding a copy grants nothing
 (it runs as root beside fhmon, in the same trust domain). A listener whose filter has no
 task left (POLLHUP) is dropped.
+
+When first told of a target the keeper opens a pidfd for its pid, and it acts on the
+process only through that pidfd: when a new fhmon withdraws the listeners, the calls the
+dead fhmon had received but not answered are restarted (SIGSTOP, then SIGCONT, sent with
+pidfd_send_signal) before the listener is handed over. A pid number alone could by then
+name another user's process; a pidfd names one process, and once that one has exited
+every signal through it fails with ESRCH.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
 import stat
 from dataclasses import dataclass
@@ -20,7 +29,7 @@ from typing import Any
 import trio
 
 from monitor import fdpass, log
-from monitor.linux import kcmp_same_file
+from monitor.linux import kcmp_same_file, pidfd_alive, pidfd_open
 from monitor.listener import Listener, is_seccomp_listener
 from protocol import keeper as wire
 
@@ -29,6 +38,13 @@ from protocol import keeper as wire
 class Held:
     listener: Listener
     target: dict[str, Any]
+    pidfd: int | None  # the target process, opened when the keeper was first told of it
+
+    def close(self) -> None:
+        self.listener.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 class Keeper:
@@ -60,7 +76,7 @@ class Keeper:
         finally:
             sock.close()
             for held in self.held:
-                held.listener.close()
+                held.close()
 
     async def _client(self, conn: trio.socket.SocketType, nursery: trio.Nursery) -> None:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
@@ -93,7 +109,7 @@ class Keeper:
                                              for h in self.held):
             os.close(fd)
             return
-        held = Held(Listener(fd), target)
+        held = Held(Listener(fd), target, _open_pidfd(target.get("pid")))
         self.held.append(held)
         log.event("keeper_holds", target=target, held=len(self.held))
         nursery.start_soon(self._watch, held)
@@ -105,11 +121,63 @@ class Keeper:
                 await trio.sleep(1.0)
         finally:
             self.held.remove(held)
-            held.listener.close()
+            held.close()
             log.event("keeper_dropped", logging.DEBUG, target=held.target)
 
     async def _withdraw(self, conn: trio.socket.SocketType) -> None:
         for held in list(self.held):
-            frame = wire.encode({"op": "listener", "target": held.target})
+            if held.pidfd is not None:
+                await restart_stuck_calls(held.pidfd, int(held.target.get("pid", 0)))
+            # restarted: fhmon must not do it again (by pid); an old keeper never says so
+            frame = wire.encode({"op": "listener", "target": held.target, "restarted": True})
             await conn.sendmsg([frame], fdpass.rights([held.listener.fd]))
         await conn.send(wire.encode({"op": "end", "count": len(self.held)}))
+
+
+def _open_pidfd(pid: Any) -> int | None:
+    """A pidfd for the target's process, or None if there is none (it exited already)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        return pidfd_open(pid)
+    except OSError as exc:
+        log.event("keeper_no_pidfd", logging.WARNING, pid=pid, error=exc.strerror,
+                  hint="its stuck calls will not be restarted")
+        return None
+
+
+async def restart_stuck_calls(pidfd: int, pid: int) -> bool:
+    """SIGSTOP then SIGCONT the target through its pidfd: a call received by a dead fhmon
+    is dropped by the stop and, as neither signal has a handler, made again when the
+    thread continues, with a new id for the next fhmon. False if the process is gone.
+    /proc/PID is read only to see when every thread has stopped, and only while the
+    pidfd says the process is alive (a stopped process cannot exit, so its pid is its)."""
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+    except ProcessLookupError:
+        return False
+    try:
+        with trio.move_on_after(2.0):
+            while pidfd_alive(pidfd) and not _threads_stopped(pid):
+                await trio.sleep(0.001)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(pidfd, signal.SIGCONT)
+    return True
+
+
+def _threads_stopped(pid: int) -> bool:
+    """Every thread of pid is stopped (T/t) or dead: its pending call has been dropped."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"T", b"t", b"Z", b"X"):
+            return False
+    return True

@@ -581,7 +581,9 @@ class Service:
                         decoder.feed(data)
                         while (message := decoder.next_message()) is not None:
                             if message["op"] == "listener" and fds:
-                                entries.append((fds.pop(0), message.get("target", {})))
+                                record = dict(message.get("target", {}))
+                                record["_restarted"] = message.get("restarted") is True
+                                entries.append((fds.pop(0), record))
                             elif message["op"] == "end":
                                 done = True
                     for fd in fds:
@@ -591,7 +593,8 @@ class Service:
                           error=str(exc))
         for fd, record in entries:
             pid, uid, gid = (int(record.get(key, 0)) for key in ("pid", "uid", "gid"))
-            await restart_stuck_calls(pid)  # nobody answers them yet: a clean restart
+            if not record.get("_restarted"):  # a keeper without pidfds (older version)
+                await restart_stuck_calls(pid)  # nobody answers them yet: a clean restart
             # the client that registered it is gone: its recorded ids stand in for it
             creds = Credentials(uid, gid, (), -1 if uid == 0 else 0)
             try:

@@ -1,0 +1,128 @@
+"""After a restart, the keeper's stop/continue reaches only its own targets (issue 17 item 12).
+
+Found: after a restart the keeper's records were acted on by pid: fhmon SIGSTOPped and
+SIGCONTinued the pid a deposited target once had, which had passed to another user's
+process. Now the keeper opens a pidfd when first told of a target and signals only through
+it (pidfd_send_signal): once that process has exited, the signal fails with ESRCH.
+
+What is forced here, and how: the target process (uid 65534, under the real filter,
+registered over the OCI convention) forks a child that keeps the filter alive and exits;
+the test reaps it, then makes the kernel give that very pid to a new process of uid 65533
+(writing /proc/sys/kernel/ns_last_pid just before the fork, retried if some other process
+of the machine took the number first). Then fhmon is SIGKILLed and restarted, so that the
+keeper hands the listener back and restarts stuck calls. The uid-65533 process records any
+SIGCONT it gets (a SIGSTOP alone cannot be caught, but the continue that follows it can).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from monitor import fdpass, seccomp_filter
+from tests.conftest import SYSTEM_PYTHON, Service, World, wait_until
+from tests.kernel.test_keeper_orders import KeeperProc
+
+# The target: forks a child that stays (under the same filter) and writes its pid; exits.
+TARGET = """
+import os, sys, time
+child = os.fork()
+if child == 0:
+    time.sleep(3600)
+    os._exit(0)
+with open(sys.argv[1], "w") as out:
+    out.write(str(child))
+os._exit(0)
+"""
+
+# The bystander that takes the pid: notes every SIGCONT it receives.
+BYSTANDER = """
+import signal, sys, time
+def noted(*_):
+    with open(sys.argv[1], "a") as out:
+        out.write("SIGCONT\\n")
+signal.signal(signal.SIGCONT, noted)
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def spawn_at_pid(pid: int, argv: list[str], uid: int) -> subprocess.Popen[str] | None:
+    """A new process of uid at exactly `pid` (ns_last_pid: the next fork gets last + 1)."""
+    for _ in range(300):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+            last.write(str(pid - 1))
+        proc = subprocess.Popen(argv, user=uid, group=uid, extra_groups=[],
+                                stdout=subprocess.PIPE, text=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+def oci_state(pid: int, share: str) -> bytes:
+    return json.dumps({"ociVersion": "1.0.2", "fds": ["seccompFd"], "pid": pid,
+                       "metadata": f"share={share}",
+                       "state": {"ociVersion": "1.0.2", "id": "reuse", "status": "creating",
+                                 "pid": pid, "bundle": "/tmp/b"}},
+                      separators=(",", ":")).encode()
+
+
+def test_a_reused_pid_is_never_stopped_by_the_keeper(world: World) -> None:
+    keeper = KeeperProc(world.base, "reuse-keeper")
+    keeper.start()
+    service = Service(world.base, [str(world.shares / "*")], name="reuse",
+                      extra=["--keeper", keeper.socket])
+    child_file = world.base / "reuse-child.pid"
+    noted = world.base / "reuse-sigcont.txt"
+    noted.touch()
+    noted.chmod(0o666)
+    os.chmod(world.base, 0o755)
+    bystander: subprocess.Popen[str] | None = None
+    grandchild = 0
+    try:
+        pid, listener, channel = seccomp_filter.fork_under_filter(
+            (65534, 65534), [SYSTEM_PYTHON, "-c", TARGET, str(child_file)])
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:  # like runc
+            sock.connect(service.socket)
+            sock.sendmsg([oci_state(pid, str(world.main))], fdpass.rights([listener]))
+        assert wait_until(lambda: keeper.holds() == 1, 15), service.log_text()[-2000:]
+        os.close(listener)  # runc keeps no copy
+        child_file.touch()
+        os.chown(child_file, 65534, 65534)
+        seccomp_filter.go(channel)
+        os.waitpid(pid, 0)  # the target process is gone; its child keeps the filter alive
+        channel.close()
+        assert wait_until(lambda: child_file.read_text().strip().isdigit(), 10)
+        grandchild = int(child_file.read_text())
+        bystander = spawn_at_pid(pid, [SYSTEM_PYTHON, "-c", BYSTANDER, str(noted)], 65533)
+        assert bystander is not None, f"could not get pid {pid} again (the machine is busy)"
+        assert bystander.stdout is not None and bystander.stdout.readline() == "ready\n"
+        status = Path(f"/proc/{pid}/status").read_text()
+        assert "\nUid:\t65533" in status  # the pid now names uid 65533's process
+
+        service.stop(signal.SIGKILL)
+        service.start()  # withdraws the listener from the keeper: stuck calls restarted
+        # restored, or refused (the pid is no longer under a filter): either way after the
+        # restart of stuck calls
+        assert wait_until(lambda: '"event":"target_restored"' in service.log_text()
+                          or '"event":"restore_refused"' in service.log_text(), 15)
+        time.sleep(0.5)
+        assert bystander.poll() is None
+        assert noted.read_text() == "", "the keeper stopped and continued uid 65533's process"
+    finally:
+        if bystander is not None:
+            bystander.kill()
+            bystander.wait()
+        if grandchild:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(grandchild, signal.SIGKILL)
+        service.stop()
+        keeper.stop()
