@@ -52,6 +52,34 @@ RECV_CHUNK = 64 * 1024
 WORKER_START_TIMEOUT = 30.0  # seconds for every worker to load its keys and lock down
 
 
+class IntakePace:
+    """How fast one client uid's intake work is done: each message handled and each read
+    of a pending or lingering connection takes a token of its uid's bucket (GCRA: `rate`
+    a second, bursts of `burst`), root's bucket larger (a fleet of launchers registers
+    again after a restart). Intake runs on the thread (and CPUs) that also serve calls:
+    a client pipelining PINGs or STATUS as fast as it can raised a registered neighbour's
+    p99 ~20x (bench/intake.py); paced, it waits on its own socket instead."""
+
+    RATE, BURST = 500.0, 64  # a registration takes 2-3 tokens, a status ~1 per page
+    ROOT_RATE, ROOT_BURST = 5000.0, 1024
+
+    def __init__(self) -> None:
+        self._theoretical_arrival: dict[int, float] = {}
+
+    async def take(self, uid: int) -> None:
+        rate, burst = (self.ROOT_RATE, self.ROOT_BURST) if uid == 0 else (self.RATE, self.BURST)
+        now = trio.current_time()
+        arrivals = self._theoretical_arrival
+        if len(arrivals) > 4096:  # forget uids whose buckets are full again
+            for stale in [u for u, t in arrivals.items() if t < now]:
+                del arrivals[stale]
+        due = max(arrivals.get(uid, now), now)
+        arrivals[uid] = due + 1.0 / rate
+        wait = due - burst / rate - now
+        if wait > 0:
+            await trio.sleep(wait)
+
+
 class Service:
     def __init__(self, config: Config, keys: KeyRing) -> None:
         self.config = config
@@ -59,6 +87,7 @@ class Service:
         self.stats = CallStats()
         self.targets: dict[int, Target] = {}
         self._ids = itertools.count(1)
+        self._pace = IntakePace()
         self._keeper_dirty = trio.Event()  # set when a target for the keeper registers
         self._connections = 0  # pending connections of every uid but root
         self._pending: collections.Counter[int] = collections.Counter()  # uid -> pending
@@ -302,7 +331,7 @@ class Service:
             if linger:
                 pending = False
                 self._settled(peer.uid)
-                await self._linger(conn)
+                await self._linger(conn, peer.uid)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except Exception:  # a client must never take the service down
@@ -324,6 +353,7 @@ class Service:
                 decoder.feed(data)
                 message = decoder.next_message()
                 while message is not None:
+                    await self._pace.take(peer.uid)
                     if not isinstance(message, native.Hello):
                         for fd in fds:  # fds ride only with HELLO; never keep strays
                             _close_quietly(fd)
@@ -344,20 +374,23 @@ class Service:
             if registered:
                 # The launcher keeps the connection open: leave the intake timeout's scope.
                 return True
+            await self._pace.take(peer.uid)
             data, fds = await _recv_with_fds(conn, fds)
             if not data:
                 return False
 
-    async def _linger(self, conn: trio.socket.SocketType) -> None:
+    async def _linger(self, conn: trio.socket.SocketType, uid: int) -> None:
         """After ACCEPT: keep the launcher's connection until it closes (it may ping)."""
         decoder = native.FrameDecoder()
         while True:
+            await self._pace.take(uid)
             data = await _recv_plain(conn)
             if not data:
                 return
             try:
                 decoder.feed(data)
                 while (message := decoder.next_message()) is not None:
+                    await self._pace.take(uid)
                     if isinstance(message, native.Ping):
                         await conn.send(native.encode(self._pong()))
                     elif isinstance(message, native.StatusRequest):

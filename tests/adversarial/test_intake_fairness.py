@@ -183,3 +183,58 @@ def test_registered_launchers_do_not_count_against_the_per_uid_cap(
                 proc.kill()
                 proc.wait()
         service.stop()
+
+
+# Pipelines PING frames as fast as fhmon takes them for `seconds`; reports how many PONGs
+# came back (fhmon paces a client uid's intake work: it answers, at its own pace).
+PIPELINER = r"""
+import json, socket, sys, time
+path, seconds = sys.argv[1], float(sys.argv[2])
+ping = bytes.fromhex(sys.argv[3])
+burst = ping * 1365
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(path)
+s.settimeout(0.05)
+got, end = 0, time.monotonic() + seconds
+while time.monotonic() < end:
+    try:
+        s.sendall(burst)
+    except TimeoutError:
+        pass
+    try:
+        got += len(s.recv(1 << 20))
+    except TimeoutError:
+        pass
+print(json.dumps({"pong_bytes": got}), flush=True)
+"""
+
+
+def test_a_pipelining_client_is_answered_and_so_is_everyone_else(
+        world: World, record: Recorder) -> None:
+    """Speed is measured in bench/intake.py (neighbour p99 ratios); here: answered."""
+    from protocol import native
+
+    service = grouped_fhmon(world, "fair-pipe", "")
+    victim = Agent(world, "fhmon", world.main, service.socket)
+    floods = [subprocess.Popen([SYSTEM_PYTHON, "-c", PIPELINER, service.socket, "4",
+                                native.encode(native.Ping()).hex()], stdout=subprocess.PIPE,
+                               text=True, **run_as_nobody()) for _ in range(4)]
+    try:
+        answered = sum(victim.call("n2h", path="file", answer_within=10)["errno"] == 0
+                       for _ in range(200))
+        probed = probe_ok(service)
+        pongs = [json.loads(f.communicate(timeout=30)[0])["pong_bytes"] for f in floods]
+        alive = service.proc is not None and service.proc.poll() is None
+        record(REGISTRATION, "4 connections of uid 65534 pipeline PINGs for 4 s while a "
+               "target makes 200 calls", "every call answered; the probe answered; the "
+               "flood answered too (paced); fhmon up",
+               f"{answered}/200 answered; probe {'ok' if probed else 'REFUSED'}; flood got "
+               f"{min(pongs)}-{max(pongs)} bytes of PONGs; fhmon {'up' if alive else 'DOWN'}",
+               ok=answered == 200 and probed and min(pongs) > 0 and alive)
+    finally:
+        for flood in floods:
+            if flood.poll() is None:
+                flood.kill()
+                flood.wait()
+        victim.close()
+        service.stop()
