@@ -126,3 +126,72 @@ def test_a_reused_pid_is_never_stopped_by_the_keeper(world: World) -> None:
                 os.kill(grandchild, signal.SIGKILL)
         service.stop()
         keeper.stop()
+
+
+# A target that makes one name_to_handle_at when told (a byte on fd argv[1]) and writes the
+# errno it got to fd argv[2].
+CALLER = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+go, out, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode()
+os.read(go, 1)
+handle = ctypes.create_string_buffer(8 + 128)
+ctypes.memmove(handle, (128).to_bytes(4, "little"), 4)
+mount_id = ctypes.c_int()
+rc = libc.syscall(303, -100, path, handle, ctypes.byref(mount_id), 0)
+os.write(out, str(0 if rc == 0 else ctypes.get_errno()).encode())
+"""
+
+
+def test_the_keeper_restarts_a_call_a_dead_fhmon_received(world: World) -> None:
+    """The pidfd path does its job: a call RECV'd by an fhmon that then died (played by
+    this test, which receives it and drops its copy) is made again once the keeper
+    stops and continues the target for the next fhmon, and answered."""
+    import select
+
+    from monitor.listener import Listener
+
+    keeper = KeeperProc(world.base, "stuck-keeper")
+    keeper.start()
+    service = Service(world.base, [str(world.shares / "*")], name="stuck",
+                      extra=["--keeper", keeper.socket])
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    for fd in (go_r, out_w):
+        os.set_inheritable(fd, True)
+    pid = 0
+    try:
+        pid, listener, channel = seccomp_filter.fork_under_filter(
+            (65534, 65534), [SYSTEM_PYTHON, "-c", CALLER, str(go_r), str(out_w),
+                             str(world.main / "file")])
+        os.close(go_r)
+        os.close(out_w)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(service.socket)
+            sock.sendmsg([oci_state(pid, str(world.main))], fdpass.rights([listener]))
+        assert wait_until(lambda: keeper.holds() == 1, 15)
+        seccomp_filter.go(channel)
+        channel.close()
+        service.stop(signal.SIGKILL)  # now only the keeper and this test hold the listener
+        os.write(go_w, b"x")
+        poll = select.poll()
+        poll.register(listener, select.POLLIN)
+        assert poll.poll(10_000), "the call never arrived"
+        stuck = Listener(listener).receive()  # received, never answered: as if fhmon died
+        assert stuck is not None
+        os.close(listener)
+        assert not select.select([out_r], [], [], 0.5)[0], "answered without anyone"
+        service.start()  # the keeper restarts the call through its pidfd; fhmon answers it
+        ready = select.select([out_r], [], [], 15)[0]
+        assert ready, "the stuck call was never made again"
+        assert os.read(out_r, 16) == b"0"
+    finally:
+        for fd in (go_w, out_r):
+            os.close(fd)
+        if pid:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        service.stop()
+        keeper.stop()
