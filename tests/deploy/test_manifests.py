@@ -793,9 +793,117 @@ def test_daemonset_scheduling_and_resources(daemonset: dict[str, Any]) -> None:
     for c in all_containers(spec):
         assert c["resources"] == {
             "requests": {"cpu": "50m", "memory": "64Mi"},
-            "limits": {"cpu": "500m", "memory": "256Mi"},
+            "limits": {"memory": "256Mi"},
         }, c["name"]
     assert spec["automountServiceAccountToken"] is False
+
+
+def check_like_virt_handler(ds: dict[str, Any]) -> list[str]:
+    """What KubeVirt's own node agent does and fhmon's DaemonSet must do too."""
+    problems: list[str] = []
+    template = ds["spec"]["template"]
+    spec = template["spec"]
+    for c in all_containers(spec):
+        limits = c.get("resources", {}).get("limits", {})
+        if "cpu" in limits:
+            problems.append(f"{c['name']}: a CPU limit throttles the guests' syscall path")
+        if "cpu" not in c.get("resources", {}).get("requests", {}):
+            problems.append(f"{c['name']}: no CPU request")
+        if c.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+            problems.append(f"{c['name']}: terminationMessagePolicy is not "
+                            f"FallbackToLogsOnError")
+    if template["metadata"].get("labels", {}).get("prometheus.kubevirt.io") != "true":
+        problems.append('pod label prometheus.kubevirt.io: "true" missing')
+    if spec.get("nodeSelector", {}).get("kubernetes.io/os") != "linux":
+        problems.append("nodeSelector kubernetes.io/os: linux missing")
+    return problems
+
+
+def check_init_matches_server(ds: dict[str, Any]) -> list[str]:
+    """The init container checks the key directory, socket and globs the server uses."""
+    spec = ds["spec"]["template"]["spec"]
+    (init,) = [c for c in spec.get("initContainers", []) if c["name"] == "check"]
+    args = init.get("args", [])
+    if args[:1] != ["check"]:
+        return ["the init container does not run `fhmon check`"]
+    flags, rest = parse_flags(args[1:], {"--key-dir", "--socket", "--allow"})
+    problems = [f"unexpected check arguments {rest}"] if rest else []
+    served = ds_flags(ds)
+    for flag in ("--key-dir", "--socket", "--allow"):
+        if flags.get(flag) != served.get(flag):
+            problems.append(f"check {flag} {flags.get(flag)} != serve {flag} "
+                            f"{served.get(flag)}")
+    mounts = {(m["name"], m["mountPath"]) for m in init.get("volumeMounts", [])}
+    server_mounts = {(m["name"], m["mountPath"]) for m in fhmon_container(ds)["volumeMounts"]}
+    for path in (flags.get("--key-dir", [""])[0], flags.get("--socket", [""])[0]):
+        if not any(path.startswith(mp + "/") and (n, mp) in server_mounts for n, mp in mounts):
+            problems.append(f"the init container does not mount {path} as the server does")
+    return problems
+
+
+def check_rolling_update(ds: dict[str, Any], containerfile: str) -> list[str]:
+    """A rolling upgrade is SIGTERM to the old fhmon, then a new one (what
+    tests/kernel/test_rolling_upgrade.py plays); one node at a time, never two at once."""
+    problems: list[str] = []
+    strategy = ds["spec"].get("updateStrategy", {})
+    if strategy.get("type") != "RollingUpdate":
+        problems.append(f"updateStrategy {strategy.get('type')}, not RollingUpdate")
+    rolling = strategy.get("rollingUpdate", {})
+    if rolling.get("maxUnavailable") != 1:
+        problems.append("rollingUpdate.maxUnavailable is not 1")
+    if rolling.get("maxSurge", 0) != 0:
+        problems.append("rollingUpdate.maxSurge would run two fhmon on one node's socket")
+    if "lifecycle" in fhmon_container(ds):
+        problems.append("a lifecycle hook changes how fhmon is stopped")
+    if re.search(r"(?im)^\s*STOPSIGNAL\b", containerfile):
+        problems.append("the image's STOPSIGNAL is not SIGTERM")
+    if ds["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30) < 10:
+        problems.append("terminationGracePeriodSeconds leaves fhmon no time to close")
+    return problems
+
+
+def test_daemonset_like_virt_handler(daemonset: dict[str, Any]) -> None:
+    assert check_like_virt_handler(daemonset) == []
+
+
+def test_daemonset_init_checks_what_the_server_uses(daemonset: dict[str, Any]) -> None:
+    assert check_init_matches_server(daemonset) == []
+
+
+def test_daemonset_rolls_one_node_at_a_time_with_sigterm(daemonset: dict[str, Any]) -> None:
+    assert check_rolling_update(daemonset, CONTAINERFILE.read_text()) == []
+
+
+@pytest.mark.parametrize("breakage", ["cpu-limit", "policy", "label", "os", "init-key-dir",
+                                      "init-socket", "on-delete", "surge", "prestop"])
+def test_operating_checks_catch_a_broken_copy(daemonset: dict[str, Any], breakage: str) -> None:
+    ds = copy.deepcopy(daemonset)
+    spec = ds["spec"]["template"]["spec"]
+    server = fhmon_container(ds)
+    (init,) = spec["initContainers"]
+    match breakage:
+        case "cpu-limit":
+            server["resources"]["limits"]["cpu"] = "500m"
+        case "policy":
+            del spec["containers"][-1]["terminationMessagePolicy"]
+        case "label":
+            del ds["spec"]["template"]["metadata"]["labels"]["prometheus.kubevirt.io"]
+        case "os":
+            del spec["nodeSelector"]
+        case "init-key-dir":
+            init["args"] = [a for a in init["args"] if not a.startswith("/etc/fhmon")]
+            init["args"].remove("--key-dir")
+        case "init-socket":
+            init["args"][init["args"].index("--socket") + 1] = "/run/other.sock"
+        case "on-delete":
+            ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
+        case "surge":
+            ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] = 1
+        case "prestop":
+            server["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "5"]}}}
+    problems = (check_like_virt_handler(ds) + check_init_matches_server(ds)
+                + check_rolling_update(ds, CONTAINERFILE.read_text()))
+    assert problems, breakage
 
 
 def test_key_secret_mode_is_private(daemonset: dict[str, Any]) -> None:
