@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from monitor import fdpass, log
+from monitor import fdpass, linux, log
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.config import Config
 from monitor.credentials import acting_as
@@ -163,10 +163,16 @@ class Service:
             pass
         raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         old_umask = os.umask(0o177)  # the socket is born 0600; chmod widens it if configured
+        # Born with its group, too: a new inode takes the creator's fsgid, so socket_group
+        # needs CAP_SETGID (kept anyway), not CAP_CHOWN, which the DaemonSet does not grant.
+        old_fsgid = (linux.setfsgid(self.config.socket_group)
+                     if self.config.socket_group is not None else None)
         try:
             raw.bind(path)
         finally:
             os.umask(old_umask)
+            if old_fsgid is not None:
+                linux.setfsgid(old_fsgid)
         sock = trio.socket.from_stdlib_socket(raw)
         os.chown(path, self.config.socket_owner if self.config.socket_owner is not None else -1,
                  self.config.socket_group if self.config.socket_group is not None else -1)

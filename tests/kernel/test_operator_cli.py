@@ -225,3 +225,37 @@ def test_every_option_has_help() -> None:
             if not action.help and not isinstance(action, argparse._HelpAction):
                 missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
     assert not missing, f"options without help: {missing}"
+
+
+def test_daemonset_capabilities_suffice_for_a_group_socket(tmp_path: Path) -> None:
+    """The DaemonSet grants no CAP_CHOWN, yet passes --socket-group: fhmon must create its
+    socket with that group (fsgid at bind) instead of chown()ing it."""
+    import yaml
+
+    ds = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy" / "base"
+                         / "daemonset.yaml").read_text())
+    (server,) = [c for c in ds["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == "fhmon"]
+    args = server["args"]
+    group = int(args[args.index("--socket-group") + 1])
+    mode = args[args.index("--socket-mode") + 1]
+    caps = server["securityContext"]["capabilities"]
+    assert caps["drop"] == ["ALL"] and "CHOWN" not in caps["add"]
+    bounding = ",".join(["-all", *(f"+{c.lower()}" for c in caps["add"])])
+    sock = tmp_path / "run" / "fhmon.sock"
+    proc = subprocess.Popen(["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all",
+                             FHMON, *serve_argv(tmp_path, "--allow", str(tmp_path / "s" / "*"),
+                                                "--socket-mode", mode, "--socket-group",
+                                                str(group))],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if '"event":"serving"' in line or not line.startswith("{"):
+                break
+        assert proc.poll() is None, line
+        st = sock.stat()
+        assert (st.st_gid, oct(st.st_mode & 0o777)) == (group, oct(int(mode, 8)))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
