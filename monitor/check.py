@@ -14,6 +14,7 @@ from monitor import linux, seccomp_filter, signing
 from protocol import kernel
 
 CAPS = {"CAP_DAC_READ_SEARCH": (2, "open_by_handle_at"),
+        "CAP_KILL": (5, "SIGSTOP/SIGCONT a target so calls a previous fhmon held trap again"),
         "CAP_SETGID": (6, "switch fsgid/groups to the target's for permission checks"),
         "CAP_SETUID": (7, "switch fsuid to the target's for permission checks"),
         "CAP_SYS_PTRACE": (19, "pidfd_getfd and process_vm_readv/writev on targets")}
