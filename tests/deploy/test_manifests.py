@@ -1044,7 +1044,7 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     stub.write_text("#!/bin/sh\nexit 0\n")
     stub.chmod(0o755)
     unit = tmp_path / "fhmon.service"
-    unit.write_text(SERVICE_UNIT.read_text().replace("/usr/local/bin/fhmon", str(stub)))
+    unit.write_text(SERVICE_UNIT.read_text().replace(f"{SYSTEMD_PREFIX}/bin/fhmon", str(stub)))
     result = subprocess.run(
         ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=120
     )
@@ -1413,3 +1413,101 @@ def test_documented_key_setup_and_rotation_run(tmp_path: Path) -> None:
     ring = signing.KeyRing.load(volume / SECRET_DATA)
     assert ring.key_ids == (int(new, 16),) and ring.signer == int(new, 16)
     assert f"{old}.key" not in secret["data"]
+
+
+# --------------------------------------------------------------------------------------------
+# systemd: the documented install, and the socket across a stop
+
+SYSTEMD_PREFIX = "/opt/fhmon"  # docs/deploy.md's venv; the unit runs its bin/fhmon
+
+
+def socket_unit_config() -> configparser.ConfigParser:
+    parsed = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    parsed.optionxform = str  # type: ignore[assignment,method-assign]
+    parsed.read_string((DEPLOY / "systemd" / "fhmon.socket").read_text())
+    return parsed
+
+
+def check_systemd_units(service_text: str, socket_text: str) -> list[str]:
+    """The socket outlives a service stop; both units run the venv's fhmon on one path."""
+    problems: list[str] = []
+    unit_cfg = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    unit_cfg.optionxform = str  # type: ignore[assignment,method-assign]
+    unit_cfg.read_string(service_text)
+    sock_cfg = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    sock_cfg.optionxform = str  # type: ignore[assignment,method-assign]
+    sock_cfg.read_string(socket_text)
+    service, sock = unit_cfg["Service"], sock_cfg["Socket"]
+    for key in ("ExecStart", "ExecStartPre"):
+        binary = shlex.split(service.get(key, ""))[:1]
+        if binary != [f"{SYSTEMD_PREFIX}/bin/fhmon"]:
+            problems.append(f"{key} runs {binary}, not the documented venv's fhmon")
+    listen = PurePosixPath(sock.get("ListenStream", ""))
+    runtime = service.get("RuntimeDirectory", "")
+    if runtime and listen.parent == PurePosixPath("/run") / runtime and service.get(
+            "RuntimeDirectoryPreserve", "no") != "yes":
+        problems.append(f"{listen} is in RuntimeDirectory=/run/{runtime}, which systemd "
+                        f"removes when fhmon.service stops (RuntimeDirectoryPreserve=no)")
+    argv = shlex.split(service.get("ExecStart", ""))
+    if "--socket" in argv and argv[argv.index("--socket") + 1] != str(listen):
+        problems.append("fhmon.socket listens elsewhere than fhmon serve --socket")
+    if sock.get("Service", "fhmon.service") != "fhmon.service":
+        problems.append("fhmon.socket activates another service")
+    return problems
+
+
+def test_systemd_units_agree_and_keep_the_socket() -> None:
+    assert check_systemd_units(SERVICE_UNIT.read_text(),
+                               (DEPLOY / "systemd" / "fhmon.socket").read_text()) == []
+
+
+def test_systemd_checks_catch_a_broken_copy() -> None:
+    service, sock = SERVICE_UNIT.read_text(), (DEPLOY / "systemd" / "fhmon.socket").read_text()
+    assert check_systemd_units(service.replace("RuntimeDirectoryPreserve=yes\n", ""), sock)
+    assert check_systemd_units(service.replace(f"{SYSTEMD_PREFIX}/bin/fhmon serve",
+                                               "/usr/local/bin/fhmon serve"), sock)
+    assert check_systemd_units(service, sock.replace("/run/fhmon/fhmon.sock",
+                                                     "/run/other.sock"))
+
+
+def test_documented_systemd_install_runs(tmp_path: Path) -> None:
+    """docs/deploy.md's install block, run for real up to keygen with the system Python
+    (a venv, pip from PyPI), paths moved under tmp_path; then systemd-analyze verifies the
+    unit with the venv's real fhmon in ExecStart."""
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if system_python is None:
+        pytest.skip("no system python3")
+    block = doc_block("## Hosts without Kubernetes (systemd)")
+    assert f"python3 -m venv {SYSTEMD_PREFIX}" in block
+    assert not re.search(r"(?m)^pip install", block), "a system-wide pip install fails on PEP 668"
+    root = tmp_path / "root"
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis",
+        "target", "results"))
+    lines = []
+    for line in block.splitlines():
+        command = line.split("  #")[0].strip()
+        if not command or command.startswith(("apt-get", "systemctl", "install ")):
+            continue  # packages, and the live system's systemd: not here
+        for path in (SYSTEMD_PREFIX, "/usr/local/bin", "/etc/fhmon"):
+            command = command.replace(path, f"{root}{path}")
+        lines.append(command)
+    (root / "usr" / "local" / "bin").mkdir(parents=True)
+    script = "set -euo pipefail\n" + "\n".join(lines) + "\n"
+    env = {"PATH": f"{root}/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path),
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    res = subprocess.run(["bash", "-c", script], cwd=source, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    venv_fhmon = root / SYSTEMD_PREFIX.lstrip("/") / "bin" / "fhmon"
+    assert venv_fhmon.exists()
+    keys = list((root / "etc" / "fhmon" / "keys").glob("*.key"))
+    assert len(keys) == 1 and keys[0].stat().st_mode & 0o077 == 0
+    if shutil.which("systemd-analyze") is not None:
+        unit = tmp_path / "fhmon.service"
+        unit.write_text(SERVICE_UNIT.read_text().replace(f"{SYSTEMD_PREFIX}/bin/fhmon",
+                                                         str(venv_fhmon)))
+        verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
+                                text=True, timeout=120)
+        assert verify.returncode == 0 and "fhmon.service" not in verify.stderr, verify.stderr
