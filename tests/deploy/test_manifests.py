@@ -1023,7 +1023,7 @@ def test_systemd_unit(unit: configparser.ConfigParser, daemonset: dict[str, Any]
     service = unit["Service"]
     assert service["NoNewPrivileges"] == "yes"
     assert service["RuntimeDirectory"] == "fhmon"
-    assert shlex.split(service["ExecStartPre"])[1:] == ["check"]
+    assert shlex.split(service["ExecStartPre"])[1:2] == ["check"]
     assert unit["Install"]["WantedBy"] == "multi-user.target"
 
 
@@ -1453,6 +1453,18 @@ def check_systemd_units(service_text: str, socket_text: str) -> list[str]:
         problems.append("fhmon.socket listens elsewhere than fhmon serve --socket")
     if sock.get("Service", "fhmon.service") != "fhmon.service":
         problems.append("fhmon.socket activates another service")
+    pre = shlex.split(service.get("ExecStartPre", ""))
+    if pre[1:2] != ["check"]:
+        problems.append("ExecStartPre does not run fhmon check")
+    else:
+        checked, unknown = parse_flags(pre[2:], {"--key-dir", "--socket", "--allow"})
+        if unknown:
+            problems.append(f"ExecStartPre check: unexpected {unknown}")
+        served, _ = serve_flags(argv[1:])
+        for flag in ("--key-dir", "--socket", "--allow"):
+            if checked.get(flag) != served.get(flag):
+                problems.append(f"ExecStartPre check {flag} {checked.get(flag)} != serve "
+                                f"{served.get(flag)}")
     return problems
 
 
@@ -1468,6 +1480,8 @@ def test_systemd_checks_catch_a_broken_copy() -> None:
                                                "/usr/local/bin/fhmon serve"), sock)
     assert check_systemd_units(service, sock.replace("/run/fhmon/fhmon.sock",
                                                      "/run/other.sock"))
+    assert check_systemd_units(service.replace("check --key-dir /etc/fhmon/keys",
+                                               "check --key-dir /etc/other"), sock)
 
 
 def test_documented_systemd_install_runs(tmp_path: Path) -> None:
