@@ -286,9 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="user (name or uid) owning the socket")
     serve.add_argument("--socket-group", dest="socket_group", metavar="GROUP",
                        help="group (name or gid) of the socket, for unprivileged clients")
-    serve.add_argument("--log-level", dest="log_level",
-                       choices=["debug", "info", "warning", "error"],
-                       help="JSON log lines on stderr from this level up (default info)")
+    serve.add_argument("--log-level", dest="log_level", metavar="LEVEL",
+                       help="debug, info (default), warning or error: JSON log lines on "
+                       "stderr from this level up")
     serve.add_argument("--metrics-address", dest="metrics_address", metavar="HOST:PORT",
                        help="serve Prometheus /metrics there (default: off)")
     serve.add_argument("--sandbox", action="store_const", const=True, default=None,
@@ -309,9 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     keeper = sub.add_parser("keeper", help="hold listener copies across fhmon restarts")
     keeper.add_argument("--socket", required=True, metavar="PATH",
                         help="unix socket fhmon serve --keeper deposits listeners on")
-    keeper.add_argument("--log-level", dest="log_level", default="info",
-                        choices=["debug", "info", "warning", "error"],
-                        help="log level (default info)")
+    keeper.add_argument("--log-level", dest="log_level", default="info", metavar="LEVEL",
+                        help="debug, info (default), warning or error")
     keeper.set_defaults(func=_keeper)
 
     keygen = sub.add_parser("keygen", help="add a signing key to a key directory")
