@@ -251,6 +251,7 @@ def _read_key(directory: Path, dir_fd: int, name: str) -> bytes:
     data, st = _read_entry(directory, dir_fd, name)
     if st.st_mode & 0o022 and not _read_only_mount(directory):
         raise KeyDirError(f"key {path} is writable by group or others; chmod 0600 it")
+    _refuse_readable_by_others(path, st)
     if not data.strip():
         raise KeyDirError(f"key {path} has 0 bytes (empty, or being written: write key "
                           f"files atomically, see docs/operations.md)")
@@ -273,6 +274,15 @@ def _read_key(directory: Path, dir_fd: int, name: str) -> bytes:
         raise KeyDirError(f"key {path}: its check line does not match the key (a cut or "
                           f"mixed file, e.g. overwritten in place): refusing it")
     return key
+
+
+def _refuse_readable_by_others(path: Path, st: os.stat_result) -> None:
+    """A key anyone else can read lets them forge handles: only the owner may read it.
+    (A Kubernetes Secret volume gets this with defaultMode: 0400.)"""
+    if st.st_mode & 0o044:
+        raise KeyDirError(f"key {path} is readable by group or others (mode "
+                          f"{stat.S_IMODE(st.st_mode):04o}): anyone who reads it can forge "
+                          f"handles; run `chmod 0600 {path}`")
 
 
 def _read_only_mount(path: Path) -> bool:
