@@ -1,0 +1,45 @@
+"""STATUS with more targets than one frame holds (issue 17 item 10).
+
+The status reply was one frame and outgrew the 16 KiB limit at ~70 targets: fhmon dropped
+the connection, so `fhmon status` (what an operator looks at during an incident) failed
+exactly when a node was busiest. Now STATUS is answered in pages of one frame each.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from protocol import native
+from tests.adversarial.common import EXHAUSTION
+from tests.adversarial.conftest import Recorder
+from tests.conftest import FHMON, Service, World
+from tests.listeners import FilteredChild, filtered_child, hello, send_raw
+
+TARGETS = 120
+
+
+def test_status_with_more_targets_than_a_frame_holds(fhmon: Service, world: World,
+                                                     record: Recorder) -> None:
+    children: list[FilteredChild] = []
+    try:
+        for _ in range(TARGETS):
+            child = filtered_child()
+            children.append(child)
+            answer = native.decode_one(send_raw(fhmon.socket, hello(str(world.main),
+                                                                    child.pid),
+                                                [child.listener]))
+            assert isinstance(answer, native.Accept), answer
+        res = subprocess.run([FHMON, "status", "--socket", fhmon.socket, "--json"],
+                             capture_output=True, text=True, timeout=60)
+        listed = ({t["pid"] for t in json.loads(res.stdout)["targets"]}
+                  if res.returncode == 0 else set())
+        mine = {c.pid for c in children}
+        record(EXHAUSTION, f"`fhmon status` with {TARGETS} more targets registered (the "
+               "reply outgrew its 16 KiB frame at ~70)", "exit 0, every target listed",
+               f"exit {res.returncode}, {len(listed & mine)} of {TARGETS} listed"
+               + (f": {res.stderr.strip()[:80]}" if res.returncode else ""),
+               ok=res.returncode == 0 and mine <= listed)
+    finally:
+        for child in children:
+            child.close()
