@@ -64,6 +64,7 @@ RESOLVE_BENEATH: Final = 0x08
 RESOLVE_IN_ROOT: Final = 0x10
 STATX_TYPE: Final = 0x1
 STATX_MODE: Final = 0x2
+STATX_INO: Final = 0x100
 STATX_MNT_ID: Final = 0x1000
 STATX_MNT_ID_UNIQUE: Final = 0x4000
 AT_EMPTY_PATH: Final = 0x1000
@@ -230,8 +231,22 @@ def statx_mode_mount(fd: int) -> tuple[int, int]:
     return mode, mnt
 
 
-# struct statx: stx_mask u32 @0, stx_mode u16 @28, stx_mnt_id u64 @144
+def statx_identity(fd: int, unique: bool = True) -> tuple[int, int, int, int]:
+    """(st_mode, st_dev, st_ino, mount id) of an fd in one statx: the unique mount id, or
+    the old (reusable, /proc/PID/mountinfo's first field) one when unique is False."""
+    buf = _scratch.statx
+    _check(_syscall(SYS_STATX, fd, b"", AT_EMPTY_PATH, STATX_TYPE | STATX_MODE | STATX_INO
+                    | (STATX_MNT_ID_UNIQUE if unique else STATX_MNT_ID), buf))
+    mask, mode, ino, major, minor, mnt = _STATX_IDENTITY.unpack_from(buf, 0)
+    if not mask & (STATX_MNT_ID_UNIQUE | STATX_MNT_ID):
+        raise OSError(errno.EOPNOTSUPP, "statx reports no mount id")
+    return mode, os.makedev(major, minor), ino, mnt
+
+
+# struct statx: stx_mask u32 @0, stx_mode u16 @28, stx_ino u64 @32, stx_dev_major u32 @136,
+# stx_dev_minor u32 @140, stx_mnt_id u64 @144
 _STATX_FIELDS = struct.Struct("<I24xH114xQ")
+_STATX_IDENTITY = struct.Struct("<I24xH2xQ96xIIQ")
 _OPEN_HOW = struct.Struct("<QQQ")
 _U64 = struct.Struct("<Q")
 AT_HANDLE_MNT_ID_UNIQUE: Final = 0x001

@@ -422,7 +422,7 @@ class Service:
                                           f"{exc.strerror}", errno.ESRCH) from None
             try:
                 with acting_as(peer_credentials):
-                    share = pin_share(root_fd, share_path, self.config.allow)
+                    share = pin_share(root_fd, share_path, self.config.allow, target_pid)
             finally:
                 os.close(root_fd)
         except BaseException:
@@ -437,7 +437,8 @@ class Service:
         self.metrics.registrations.labels("accepted").inc()
         log.event("target_registered", target=target.target_id, pid=target_pid,
                   share=share.host_path, share_in_target=share_path, convention=convention,
-                  peer_uid=peer.uid, peer_pid=peer.pid, mount_root=share.is_mount_root)
+                  peer_uid=peer.uid, peer_pid=peer.pid, mount_root=share.is_mount_root,
+                  whole_fs=share.whole_fs)
         nursery.start_soon(self._serve_target, target)
         return target
 
