@@ -40,6 +40,7 @@ def _errno() -> int:
     return ctypes.c_int.from_address(_errno_location()).value
 
 
+SYS_FSTATFS: Final = 138
 SYS_SETGROUPS: Final = 116
 SYS_SETFSUID: Final = 122
 SYS_SETFSGID: Final = 123
@@ -243,6 +244,18 @@ def statx_identity(fd: int, unique: bool = True) -> tuple[int, int, int, int]:
     return mode, os.makedev(major, minor), ino, mnt
 
 
+def fstatfs(fd: int) -> tuple[int, bytes, int]:
+    """(f_type, f_fsid's 8 bytes, f_flags) of the filesystem an fd is on (O_PATH fds too);
+    f_flags has ST_RDONLY when the mount or the superblock is read-only."""
+    buf = ctypes.create_string_buffer(_STATFS.size)
+    _check(_syscall(SYS_FSTATFS, fd, buf))
+    f_type, fsid, f_flags = _STATFS.unpack_from(buf, 0)
+    return f_type, fsid, f_flags
+
+
+# struct statfs (x86_64): f_type long @0, ..., f_fsid 2 x int @56, f_namelen, f_frsize,
+# f_flags long @80, f_spare[4]
+_STATFS = struct.Struct("<q48x8s16xq32x")
 # struct statx: stx_mask u32 @0, stx_mode u16 @28, stx_ino u64 @32, stx_dev_major u32 @136,
 # stx_dev_minor u32 @140, stx_mnt_id u64 @144
 _STATX_FIELDS = struct.Struct("<I24xH114xQ")

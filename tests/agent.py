@@ -202,6 +202,15 @@ def walk(cmd):
     return {"ret": FDS[cmd["name"]], "errno": 0}
 
 
+def do_chmod(cmd):
+    """chmod(path, mode) as this process: the oracle for what a chmod would give."""
+    try:
+        os.chmod(cmd["path"], cmd["mode"])
+    except OSError as exc:
+        return {"errno": exc.errno}
+    return {"errno": 0}
+
+
 def do_open(cmd):
     try:
         fd = os.open(cmd["path"], cmd.get("flags", os.O_RDONLY))
@@ -408,7 +417,7 @@ def main():
     FDS["share"] = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
     print(json.dumps({"ready": True, "pid": os.getpid(), "uid": os.getuid()}), flush=True)
     ops = {"n2h": n2h, "obh": obh, "open": do_open, "whereis": whereis, "hammer": hammer,
-           "probe_open": probe_open, "walk": walk,
+           "probe_open": probe_open, "walk": walk, "chmod": do_chmod,
            "close": lambda c: (os.close(FDS.pop(c["name"])), {"ret": 0})[1],
            "fdcount": lambda c: {"fds": len(os.listdir("/proc/self/fd"))}}
     ops.update(EXTRA_OPS)
