@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import functools
 import os
 import signal
@@ -251,6 +252,21 @@ def fstatfs(fd: int) -> tuple[int, bytes, int]:
     _check(_syscall(SYS_FSTATFS, fd, buf))
     f_type, fsid, f_flags = _STATFS.unpack_from(buf, 0)
     return f_type, fsid, f_flags
+
+
+def fs_uuid(fd: int) -> bytes:
+    """The superblock's UUID (FS_IOC_GETFSUUID, 6.5+) of an open (not O_PATH) fd's
+    filesystem; b"" where the filesystem has none or the kernel lacks the ioctl."""
+    buf = bytearray(_FSUUID2_SIZE)
+    try:
+        fcntl.ioctl(fd, FS_IOC_GETFSUUID, buf, True)
+    except OSError:
+        return b""
+    return bytes(buf[1 : 1 + min(buf[0], _FSUUID2_SIZE - 1)])
+
+
+FS_IOC_GETFSUUID: Final = 0x80111500  # _IOR(0x15, 0, struct fsuuid2 {u8 len; u8 uuid[16]})
+_FSUUID2_SIZE: Final = 17
 
 
 # struct statfs (x86_64): f_type long @0, ..., f_fsid 2 x int @56, f_namelen, f_frsize,

@@ -116,7 +116,7 @@ def pin_share(root_fd: int, target_path: str, allow: list[str],
                 f"share {target_path} (host path {fd_path(path_fd)}) is not in the allow-list")
         st = os.fstat(path_fd)
         mnt = linux.mount_id(path_fd)
-        share_id = _share_id(path_fd)
+        share_id = _share_id(path_fd, filesystem_identity(dir_fd))
         parent = os.open("..", os.O_PATH | os.O_CLOEXEC, dir_fd=path_fd)
         try:
             pst = os.fstat(parent)
@@ -151,16 +151,33 @@ def _mount_shows_fs_root(pid: int, path_fd: int) -> bool:
     return False
 
 
-def _share_id(path_fd: int) -> bytes:
-    """Hash of the share root's handle; a FID handle where the fs cannot export."""
+def _share_id(path_fd: int, filesystem: bytes) -> bytes:
+    """Hash of the filesystem's identity and the share root's handle (a FID handle where
+    the fs cannot export)."""
     for flags in (linux.AT_EMPTY_PATH, linux.AT_EMPTY_PATH | kernel.AT_HANDLE_FID):
         try:
             handle_type, f_handle, _ = linux.name_to_handle_at(path_fd, b"", flags)
-            return signing.share_id_from_handle(handle_type, f_handle)
+            return signing.share_id_from_handle(handle_type, f_handle, filesystem)
         except OSError:
             continue
     raise RegistrationRefused("the share's filesystem gives no file handles at all",
                               errno.EOPNOTSUPP)
+
+
+def filesystem_identity(fd: int) -> bytes:
+    """What tells this filesystem from every other, the same on every node that mounts it:
+    the superblock UUID (FS_IOC_GETFSUUID: ext4, xfs, btrfs, tmpfs, ...), else the statfs
+    f_fsid (NFS: the server's fsid), else nothing (b"": then two roots of such filesystems
+    with equal handles share an id). A clone of a volume copies its UUID: see
+    docs/semantics.md."""
+    uuid = linux.fs_uuid(fd)
+    if uuid.strip(b"\0"):
+        return b"uuid:" + uuid
+    try:
+        fsid = linux.fstatfs(fd)[1]
+    except OSError:
+        return b""
+    return b"fsid:" + fsid if fsid.strip(b"\0") else b""
 
 
 def _allowed_host_path(path_fd: int, allow: list[str]) -> str | None:
