@@ -211,6 +211,17 @@ def do_chmod(cmd):
     return {"errno": 0}
 
 
+def do_mount(cmd):
+    """mount(2) in this process's own mount namespace (a target that made itself root of a
+    user and mount namespace): a bind of cmd["source"], or a tmpfs, over cmd["target"]."""
+    if cmd.get("tmpfs"):
+        r = libc.mount(b"adv", cmd["target"].encode(), b"tmpfs", 0, None)
+    else:
+        r = libc.mount(cmd["source"].encode(), cmd["target"].encode(), None,
+                       4096 | 16384, None)  # MS_BIND | MS_REC
+    return {"errno": ctypes.get_errno() if r < 0 else 0}
+
+
 def do_open(cmd):
     try:
         fd = os.open(cmd["path"], cmd.get("flags", os.O_RDONLY))
@@ -418,6 +429,7 @@ def main():
     print(json.dumps({"ready": True, "pid": os.getpid(), "uid": os.getuid()}), flush=True)
     ops = {"n2h": n2h, "obh": obh, "open": do_open, "whereis": whereis, "hammer": hammer,
            "probe_open": probe_open, "walk": walk, "chmod": do_chmod,
+           "mount": do_mount,
            "close": lambda c: (os.close(FDS.pop(c["name"])), {"ret": 0})[1],
            "fdcount": lambda c: {"fds": len(os.listdir("/proc/self/fd"))}}
     ops.update(EXTRA_OPS)
