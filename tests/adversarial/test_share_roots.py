@@ -146,6 +146,51 @@ def test_directory_moved_under_the_shares_mountpoint_path(
             os.rename(covered, inner)
 
 
+@pytest.fixture
+def loop_fs(world: World) -> Iterator[Path]:
+    """A loop-mounted ext4 filesystem outside the shares, with sub/d/f in it."""
+    image = world.base / "adv-roots.img"
+    with open(image, "wb") as f:
+        f.truncate(32 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    point = world.base / "adv-roots-fs"
+    point.mkdir(mode=0o755)
+    subprocess.run(["mount", "-o", "loop", str(image), str(point)], check=True)
+    try:
+        point.chmod(0o755)
+        make_dir(point / "sub")
+        make_dir(point / "sub" / "d")
+        make_file(point / "sub" / "d" / "f", "on the loop filesystem\n")
+        yield point
+    finally:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+        point.rmdir()
+        image.unlink()
+
+
+def test_which_shares_cover_their_whole_filesystem(loop_fs: Path, spawn: Any, world: World,
+                                                   fhmon: Service, record: Recorder) -> None:
+    with bind(loop_fs, world.shares / "adv-fsroot-bind") as whole, \
+            bind(loop_fs / "sub", world.shares / "adv-fssub-bind") as sub:
+        for share, expected, what in ((whole, True, "a bind mount of a filesystem's root"),
+                                      (sub, False, "a bind mount of its subdirectory")):
+            agent: Agent = spawn(share=share)
+            record(ESCAPES, f"{what} as the share: counted as a whole filesystem", expected,
+                   registered_whole_fs(fhmon, share))
+            agent.close()
+        agent = spawn(share=sub)
+        dtype, dir_handle = signed(agent, "d")
+        os.rename(loop_fs / "sub" / "d", loop_fs / "d")
+        try:
+            record(ESCAPES, "bind-subdir share of an ext4 filesystem: a directory moved to "
+                   "the filesystem's root, its old handle", errno.ESTALE,
+                   obh_errno(agent, dtype, dir_handle, flags=O_DIRECTORY))
+        finally:
+            os.rename(loop_fs / "d", loop_fs / "sub" / "d")
+        record(ESCAPES, "... moved back: its handle opens", 0,
+               obh_errno(agent, dtype, dir_handle, flags=O_DIRECTORY))
+
+
 # --- deep paths ----------------------------------------------------------------------------
 
 COMPONENT = "p" * 200
