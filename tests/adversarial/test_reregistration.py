@@ -14,7 +14,9 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +27,7 @@ import pytest
 from protocol import native
 from tests.adversarial.common import REGISTRATION, errname, n2h_errno, obh_errno, signed
 from tests.adversarial.conftest import Recorder
-from tests.conftest import FHMON, NOBODY, SYSTEM_PYTHON, Agent, Service, World
+from tests.conftest import FHMON, NOBODY, SYSTEM_PYTHON, Agent, Service, World, wait_until
 from tests.listeners import filtered_child, send_raw
 
 
@@ -159,3 +161,80 @@ def test_a_hello_expecting_another_share(shares: tuple[Path, Path], service: Ser
     record(REGISTRATION, "HELLO with an unknown flag bit", "REFUSE EINVAL",
            f"REFUSE {errname(message.errno)}" if isinstance(message, native.Refuse)
            else type(message).__name__.upper())
+
+
+# --- the keeper: listeners registered by a runtime (runc keeps no copy) ---------------------
+
+class RuncNamespaceAgent(Agent):
+    """The agent as a runc container process (uid 65534, OCI listenerPath convention) that
+    makes itself root of its own user and mount namespace (`unshare -Urm`)."""
+
+    def __init__(self, world: World, socket: str, share: Path) -> None:
+        argv = [sys.executable, "-m", "tests.oci_runtime", "runc", socket, str(share), "--",
+                "unshare", "-Urm", SYSTEM_PYTHON, str(world.agent), str(share)]
+        self.mode = "runc-userns"
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True,
+                                     cwd=str(Path(__file__).resolve().parents[2]))
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            assert self.proc.stderr is not None
+            raise RuntimeError(f"agent did not start: {self.proc.stderr.read()}")
+        self.hello = json.loads(line)
+
+
+@pytest.fixture
+def keeper(world: World) -> Iterator[str]:
+    path = str(world.base / "adv-rereg-keeper.sock")
+    proc = subprocess.Popen([FHMON, "keeper", "--socket", path], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while not Path(path).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield path
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+
+
+def test_a_kept_listener_whose_target_mounted_over_its_share_path(
+        shares: tuple[Path, Path], world: World, keeper: str, spawn: Any,
+        record: Recorder) -> None:
+    mine, victim = shares
+    svc = Service(world.base, [str(world.shares / "*")], name="rereg-keeper",
+                  extra=["--keeper", keeper])
+    agent: Agent | None = None
+    try:
+        helper: Agent = spawn(share=mine, socket=svc.socket)
+        htype, handle = signed(helper, "mine")
+        helper.close()
+        agent = RuncNamespaceAgent(world, svc.socket, mine)
+        pid = agent.pid
+        assert obh_errno(agent, htype, handle) == 0
+        assert wait_until(lambda: any(e.get("event") == "deposited" for e in svc.events()))
+        assert agent.call("mount", source=str(victim), target=str(mine))["errno"] == 0
+        svc.stop(signal.SIGKILL)
+        svc.start()
+
+        def outcome() -> dict[str, Any] | None:
+            for e in svc.events():
+                if e.get("event") in ("restore_refused", "target_restored") and \
+                        e.get("pid") == pid:
+                    return e
+            return None
+
+        assert wait_until(lambda: outcome() is not None, timeout=15)
+        got = outcome()
+        assert got is not None
+        shown = (f"restored onto {registrations(svc, pid)[-1].get('share')}"
+                 if got["event"] == "target_restored"
+                 else f"refused: {str(got.get('reason', ''))[:60]}")
+        record(REGISTRATION, "runc target (keeper) in its own user+mount namespace mounts "
+               "another tenant's share over its share path; fhmon is killed and restores "
+               "the kept listener", "refused (the share has another id)", shown,
+               ok=got["event"] == "restore_refused"
+               and "first registered with" in str(got.get("reason")))
+    finally:
+        if agent is not None:
+            agent.close()
+        svc.stop()
+        shutil.rmtree(svc.dir, ignore_errors=True)
