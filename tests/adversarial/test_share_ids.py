@@ -14,6 +14,7 @@ import contextlib
 import errno
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,16 @@ def ext4(image: Path, point: Path, fresh: bool = True) -> Iterator[Path]:
     try:
         yield point
     finally:
-        if subprocess.run(["umount", str(point)], check=False).returncode:
-            subprocess.run(["umount", "-l", str(point)], check=False)
+        # fhmon lets go of a gone target's share fds asynchronously (a worker process may
+        # still hold them): a lazy unmount would leave the superblock alive, and it would
+        # write its old UUID back over a tune2fs of the image
+        deadline = time.monotonic() + 10
+        while subprocess.run(["umount", str(point)], check=False,
+                             capture_output=True).returncode:
+            if time.monotonic() > deadline:
+                subprocess.run(["umount", "-l", str(point)], check=False)
+                break
+            time.sleep(0.1)
         point.rmdir()
 
 
