@@ -124,8 +124,9 @@ def pin_share(root_fd: int, target_path: str, allow: list[str],
                 st.st_dev, st.st_ino)
         finally:
             os.close(parent)
-        whole_fs = is_root and mountinfo_pid is not None and _mount_shows_fs_root(
-            mountinfo_pid, path_fd)
+        whole_fs = (is_root and mountinfo_pid is not None
+                    and linux.fstatfs(path_fd)[0] in LOCAL_FILESYSTEMS
+                    and _mount_shows_fs_root(mountinfo_pid, path_fd))
         return Share(path_fd, dir_fd, mnt, st.st_dev, st.st_ino, share_id, host_path,
                      target_path, is_root, whole_fs)
     except BaseException:
@@ -133,6 +134,19 @@ def pin_share(root_fd: int, target_path: str, allow: list[str],
         if dir_fd >= 0:
             os.close(dir_fd)
         raise
+
+
+# statfs f_type of local filesystems whose superblock root is all a handle can name. A
+# network filesystem's mount root is its own superblock's root even for a subdirectory of
+# the server's export (mountinfo says "/"), while the server may decode handles beyond it;
+# such shares are always walked.
+LOCAL_FILESYSTEMS = frozenset({
+    0xEF53,  # ext2, ext3, ext4
+    0x58465342,  # xfs
+    0x9123683E,  # btrfs (every subvolume is in the top-level tree)
+    0x01021994,  # tmpfs
+    0xF2F52010,  # f2fs
+})
 
 
 def _mount_shows_fs_root(pid: int, path_fd: int) -> bool:
