@@ -297,10 +297,10 @@ def _file_inside(share: Share, obj_fd: int) -> bool:
         finally:
             os.close(parent)
     try:
-        path = fd_path(obj_fd)
+        path, root = fd_path(obj_fd), share.current_path()
     except OSError as exc:
         raise SyscallError(errno.EOPNOTSUPP, f"file's place cannot be checked ({exc})") from None
-    return is_below(_strip_deleted(path), share.current_path())
+    return is_below(_strip_deleted(path), root)
 
 
 # generic exportfs layouts (include/linux/exportfs.h): type of a file-with-parent handle ->
