@@ -246,7 +246,8 @@ def deep_rename(old_parts: list[str], old_root: Path, new_parts: list[str],
 
 
 def test_objects_deeper_than_path_max(deep_tree: Path, spawn: Any, world: World,
-                                      record: Recorder) -> None:
+                                      fhmon: Service, record: Recorder) -> None:
+    failures_before = fhmon.log_text().count("handler failed")
     agent: Agent = spawn()
     kernel: Agent = spawn("plain")
     results: dict[str, tuple[int, int]] = {}
@@ -310,3 +311,6 @@ def test_objects_deeper_than_path_max(deep_tree: Path, spawn: Any, world: World,
             who.call("close", name=name)
     with contextlib.suppress(Exception):
         agent.call("close", name="moved")
+    failures = fhmon.log_text().count("handler failed") - failures_before
+    record(ESCAPES, "paths deeper than PATH_MAX: handler failures (EIO, a traceback) in "
+           "fhmon's log", "none", "none" if failures == 0 else f"{failures}")
