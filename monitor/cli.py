@@ -239,6 +239,24 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inject(args: argparse.Namespace) -> int:
+    from monitor.kubevirt import inject
+
+    source = sys.stdin.buffer if args.filename == "-" else None
+    try:
+        if source is None:
+            with open(args.filename, "rb") as f:
+                data = f.read()
+        else:
+            data = source.read()
+        text = inject.inject(data.decode("utf-8"), inject.Settings(image=args.image))
+    except (OSError, UnicodeDecodeError, inject.InjectError) as exc:
+        print(f"fhmon inject: {args.filename}: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.buffer.write(text.encode("utf-8"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fhmon", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fhmon {__version__}")
@@ -299,6 +317,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--key-dir", dest="key_dir")
     check.add_argument("--socket")
     check.set_defaults(func=_check)
+
+    inject = sub.add_parser("inject", help="print a manifest with KubeVirt's virtiofs "
+                            "containers of PVC volumes put under fhmon (offline)")
+    inject.add_argument("-f", "--filename", required=True, metavar="FILE",
+                        help="YAML or JSON (one document, several, or a List); - for stdin")
+    inject.add_argument("--image", default="fhmon",
+                        help="the fhmon image the launcher is copied from (default: fhmon)")
+    inject.set_defaults(func=_inject)
 
     for name, func, text in (("probe", _probe, "health check: exit 0 if fhmon answers"),
                              ("status", _status, "show registered targets and counters")):
