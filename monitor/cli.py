@@ -257,6 +257,19 @@ def _inject(args: argparse.Namespace) -> int:
     return 0
 
 
+def _install_launcher(args: argparse.Namespace) -> int:
+    from monitor.kubevirt import bundle
+
+    try:
+        made = bundle.install_launcher(args.directory)
+    except (OSError, bundle.BundleError) as exc:
+        print(f"fhmon install-launcher: {args.directory}: {exc}", file=sys.stderr)
+        return 1
+    print(f"fhmon install-launcher: {made.size // 2**20} MiB in {made.root}: "
+          f"{', '.join(made.packages)}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fhmon", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fhmon {__version__}")
@@ -325,6 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("--image", default="fhmon",
                         help="the fhmon image the launcher is copied from (default: fhmon)")
     inject.set_defaults(func=_inject)
+    install = sub.add_parser("install-launcher", help="copy a self-contained `fhmon launch` "
+                             "into DIRECTORY (the injected init container runs this)")
+    install.add_argument("directory")
+    install.set_defaults(func=_install_launcher)
 
     for name, func, text in (("probe", _probe, "health check: exit 0 if fhmon answers"),
                              ("status", _status, "show registered targets and counters")):

@@ -83,10 +83,14 @@ class Op:
 
 
 def launcher_command(settings: Settings, share: str) -> list[str]:
-    """The prefix put before virtiofsd: the copied loader runs the copied CPython."""
+    """The prefix put before virtiofsd: the copied loader runs the copied CPython.
+
+    No environment is added: `-I` makes CPython find its prefix from its own path, and the
+    loader's --library-path does not reach the exec'ed virtiofsd (see bundle.py).
+    """
     return [
         f"{LAUNCHER_DIR}/ld.so", "--library-path", f"{LAUNCHER_DIR}/lib",
-        f"{LAUNCHER_DIR}/bin/python3", "-s", "-m", "monitor.cli",
+        f"{LAUNCHER_DIR}/bin/python3", "-I", "-m", "monitor.kubevirt.bundled",
         "launch", "--socket", settings.socket, "--share", share, "--",
     ]
 
@@ -169,10 +173,6 @@ def inject_container(container: dict[str, Any], volume: str,
     share = f"/{volume}"
     new["command"] = launcher_command(settings, share) + list(container["command"])
     new["args"] = virtiofsd_args(_list(container.get("args")), settings)
-    env = [e for e in _list(new.get("env"))
-           if not (isinstance(e, dict) and e.get("name") in _LAUNCHER_ENV)]
-    env += [{"name": k, "value": v} for k, v in _LAUNCHER_ENV.items()]
-    new["env"] = env
     new["volumeMounts"] = [*_list(new.get("volumeMounts")),
                            {"name": LAUNCHER_VOLUME, "mountPath": LAUNCHER_DIR, "readOnly": True}]
     found = new.get("resources")
@@ -192,10 +192,6 @@ def inject_container(container: dict[str, Any], volume: str,
         resources["requests"] = requests
     new["resources"] = resources
     return new
-
-
-# The copied CPython finds its standard library and packages under PYTHONHOME.
-_LAUNCHER_ENV = {"PYTHONHOME": LAUNCHER_DIR, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def virtiofsd_args(args: Sequence[Any], settings: Settings = Settings()) -> list[Any]:

@@ -1,0 +1,102 @@
+"""`fhmon install-launcher`: the copied launcher runs with none of the installer's files."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.kubevirt import inject as kv
+
+CLONE_NEWNS = 0x20000
+MS_REC, MS_PRIVATE = 0x4000, 0x40000
+
+
+def _hide_the_installer() -> None:
+    """In the child: a mount namespace where /usr (so the system's libraries and Python,
+    /lib and /bin being links into it) and this checkout are empty tmpfs mounts."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)
+    here = Path(__file__).resolve().parents[2]
+    hidden = [Path("/usr"), here]
+    if not Path(sys.prefix).resolve().is_relative_to(here):
+        hidden.append(Path(sys.prefix).resolve())
+    for path in hidden:
+        if libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", 0, None) != 0:
+            raise OSError(ctypes.get_errno(), f"mount tmpfs on {path!r}")
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
+
+
+def launcher_argv(root: Path, *args: str) -> list[str]:
+    """The injected command line, with the launcher directory moved to `root`."""
+    command = kv.launcher_command(kv.Settings(), "/data")
+    moved = [a.replace(kv.LAUNCHER_DIR, str(root)) for a in command]
+    return moved[:moved.index("launch")] + list(args)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("launcher")
+    result = subprocess.run([sys.executable, "-m", "monitor.cli", "install-launcher", str(root)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "monitor" in result.stderr and "trio" in result.stderr
+    return root
+
+
+def test_layout(bundle: Path) -> None:
+    assert (bundle / "ld.so").is_file() and (bundle / "bin" / "python3").is_file()
+    py = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for module in ("os.py", "monitor/launcher.py", "monitor/kubevirt/bundled.py", "trio",
+                   "pyseccomp.py", "construct", "lib-dynload"):
+        assert (bundle / "lib" / py / module).exists(), module
+    assert any(p.name.startswith("libseccomp.so") for p in (bundle / "lib").iterdir())
+    assert not (bundle / "lib" / py / "site-packages").exists()
+
+
+@needs_root
+def test_runs_with_the_installer_hidden(bundle: Path) -> None:
+    # No /usr, no checkout, no venv, empty environment: only the bundle.
+    result = subprocess.run(launcher_argv(bundle, "launch", "--help"), env={},
+                            preexec_fn=_hide_the_installer, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "--socket" in result.stdout
+    # pyseccomp found the copied libseccomp and compiled the filter program.
+    probe = ("from monitor.kubevirt import bundled; from monitor import seccomp_filter; "
+             "print(len(seccomp_filter.build_program()))")
+    argv = launcher_argv(bundle, "-c", probe)
+    argv.remove("-m")
+    argv.remove("monitor.kubevirt.bundled")
+    result = subprocess.run(argv, env={}, preexec_fn=_hide_the_installer, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) % 8 == 0 and int(result.stdout) > 0
+
+
+@needs_root
+def test_unreachable_fhmon_is_a_message_not_a_traceback(bundle: Path, tmp_path: Path) -> None:
+    result = subprocess.run(
+        launcher_argv(bundle, "launch", "--socket", str(tmp_path / "none.sock"), "--share",
+                      str(tmp_path), "--", "/bin/true"),
+        env={}, preexec_fn=_hide_the_installer, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_reinstall_starts_clean(bundle: Path, tmp_path: Path) -> None:
+    root = tmp_path / "again"
+    root.mkdir()
+    (root / "stale").write_text("x")
+    from monitor.kubevirt.bundle import install_launcher
+
+    made = install_launcher(root)
+    assert not (root / "stale").exists() and made.size > 10 * 2**20
