@@ -270,6 +270,34 @@ def _install_launcher(args: argparse.Namespace) -> int:
     return 0
 
 
+def _webhook(args: argparse.Namespace) -> int:
+    from monitor.kubevirt import inject, webhook
+
+    log.setup(args.log_level)
+    try:
+        certificates = webhook.CertificateFiles(args.tls_cert, args.tls_key)
+    except (OSError, ValueError) as exc:
+        print(f"fhmon webhook: {exc}", file=sys.stderr)
+        return 2
+    settings = inject.Settings(image=args.image)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+                await nursery.start(webhook.serve, args.address, certificates, settings)
+                async for _ in sigs:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(main)
+    except Exception as exc:
+        for leaf in _leaves(exc):
+            print(f"fhmon webhook: {leaf}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fhmon", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fhmon {__version__}")
@@ -338,6 +366,16 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("--image", default="fhmon",
                         help="the fhmon image the launcher is copied from (default: fhmon)")
     inject.set_defaults(func=_inject)
+    hook = sub.add_parser("webhook", help="serve the mutating admission webhook that puts "
+                          "virt-launcher pods' virtiofs containers under fhmon")
+    hook.add_argument("--address", default="0.0.0.0:8443", help="HOST:PORT (default %(default)s)")
+    hook.add_argument("--tls-cert", dest="tls_cert", required=True, metavar="FILE",
+                      help="PEM certificate (chain); re-read when the file changes")
+    hook.add_argument("--tls-key", dest="tls_key", required=True, metavar="FILE")
+    hook.add_argument("--image", default="fhmon",
+                      help="the fhmon image the injected init container runs")
+    hook.add_argument("--log-level", dest="log_level", default="info")
+    hook.set_defaults(func=_webhook)
     install = sub.add_parser("install-launcher", help="copy a self-contained `fhmon launch` "
                              "into DIRECTORY (the injected init container runs this)")
     install.add_argument("directory")
