@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -298,6 +299,19 @@ def _webhook(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device_plugin(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from monitor.kubevirt import deviceplugin
+
+    log.setup(args.log_level)
+    config = deviceplugin.PluginConfig(resource=args.resource, plugin_dir=args.plugin_dir,
+                                       socket_dir=args.socket_dir, devices=args.devices)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(deviceplugin.run(config))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fhmon", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fhmon {__version__}")
@@ -376,6 +390,18 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the fhmon image the injected init container runs")
     hook.add_argument("--log-level", dest="log_level", default="info")
     hook.set_defaults(func=_webhook)
+    plugin = sub.add_parser("device-plugin", help="kubelet device plugin whose resource "
+                            "mounts fhmon's socket directory into a container")
+    plugin.add_argument("--resource", default="devices.kubevirt.io/fhmon")
+    plugin.add_argument("--plugin-dir", dest="plugin_dir",
+                        default="/var/lib/kubelet/device-plugins",
+                        help="the kubelet's device-plugins directory (kubelet.sock)")
+    plugin.add_argument("--socket-dir", dest="socket_dir", default="/var/run/kubevirt/fhmon",
+                        help="fhmon's socket directory, mounted at the same path")
+    plugin.add_argument("--devices", type=int, default=1000,
+                        help="how many containers per node may hold the resource")
+    plugin.add_argument("--log-level", dest="log_level", default="info")
+    plugin.set_defaults(func=_device_plugin)
     install = sub.add_parser("install-launcher", help="copy a self-contained `fhmon launch` "
                              "into DIRECTORY (the injected init container runs this)")
     install.add_argument("directory")

@@ -193,3 +193,53 @@ def test_negative_webhook(overlay: list[dict[str, Any]], breakage: Any, message:
     objs = copy.deepcopy(overlay)
     breakage(objs)
     assert any(message in p for p in check_webhook(objs)), check_webhook(objs)
+
+
+def check_device_plugin(daemonset: dict[str, Any]) -> list[str]:
+    """The DaemonSet's device plugin serves the resource the injection requests, mounts the
+    directory of the socket the injection connects to, and reaches the kubelet's socket."""
+    problems: list[str] = []
+    spec = daemonset["spec"]["template"]["spec"]
+    plugins = [c for c in spec["containers"] if c["name"] == "device-plugin"]
+    if len(plugins) != 1:
+        return ["no device-plugin container"]
+    (plugin,) = plugins
+    args = plugin["args"]
+    if args[0] != "device-plugin":
+        problems.append("the container does not run `fhmon device-plugin`")
+    settings = inject.Settings()
+    if flag(args, "--resource") != settings.resource:
+        problems.append("--resource is not the resource fhmon inject requests")
+    socket = ds_socket(daemonset)
+    if flag(args, "--socket-dir") != socket.rpartition("/")[0]:
+        problems.append("--socket-dir is not the directory of fhmon's socket")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    paths = {m["mountPath"]: volumes[m["name"]] for m in plugin["volumeMounts"]}
+    kubelet = paths.get("/var/lib/kubelet/device-plugins", {}).get("hostPath", {})
+    if kubelet.get("path") != "/var/lib/kubelet/device-plugins":
+        problems.append("the kubelet's device-plugins directory is not mounted")
+    sockets = paths.get(flag(args, "--socket-dir"), {}).get("hostPath", {})
+    if sockets.get("path") != socket.rpartition("/")[0]:
+        problems.append("fhmon's socket directory is not mounted where --socket-dir says")
+    if plugin["securityContext"]["capabilities"] != {"drop": ["ALL"]}:
+        problems.append("the device plugin needs no capability")
+    return problems
+
+
+def test_device_plugin_in_the_daemonset(overlay: list[dict[str, Any]]) -> None:
+    assert check_device_plugin(one(overlay, "DaemonSet")) == []
+    result = run_fhmon("device-plugin", "--help")
+    assert result.returncode == 0, result.stderr
+    for name in ("--resource", "--socket-dir", "--plugin-dir", "--devices"):
+        assert name in result.stdout
+
+
+def test_negative_device_plugin(overlay: list[dict[str, Any]]) -> None:
+    daemonset = copy.deepcopy(one(overlay, "DaemonSet"))
+    (plugin,) = [c for c in daemonset["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == "device-plugin"]
+    plugin["args"][plugin["args"].index("--resource") + 1] = "example.com/other"
+    plugin["args"][plugin["args"].index("--socket-dir") + 1] = "/run/other"
+    plugin["securityContext"]["capabilities"]["add"] = ["SYS_ADMIN"]
+    problems = check_device_plugin(daemonset)
+    assert len(problems) == 4, problems
