@@ -17,8 +17,10 @@ DIR/bin/python3 (the landmark DIR/lib/pythonX.Y/os.py) and ignore PYTHON* variab
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,8 @@ _SKIP_STDLIB = frozenset({
 # Loaded by glibc only when needed (thread cancellation): not in /proc/self/maps yet.
 _LATE_LIBRARIES = ("libgcc_s.so.1",)
 # Site hooks of the installing environment (setuptools, editable installs): not the launcher's.
-_NOT_FOR_THE_LAUNCHER = frozenset({"sitecustomize", "usercustomize", "_distutils_hack"})
+_NOT_FOR_THE_LAUNCHER = frozenset({"__main__", "sitecustomize", "usercustomize",
+                                   "_distutils_hack"})
 ENTRY_MODULE = "monitor.kubevirt.bundled"
 
 
@@ -53,7 +56,23 @@ def python_subdir() -> str:
 
 
 def install_launcher(dest: str | os.PathLike[str]) -> Bundle:
-    """Fill `dest` (created or emptied) with the launcher; returns what went in."""
+    """Fill `dest` (created or emptied) with the launcher; returns what went in.
+
+    The copy runs in a fresh interpreter that has imported only the launcher, so that
+    /proc/self/maps and sys.modules name what the launcher needs and nothing the caller
+    (the whole `fhmon` command line, cryptography...) happened to load.
+    """
+    proc = subprocess.run([sys.executable, "-m", __name__, os.fspath(dest)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        raise BundleError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip()
+                          else f"exit status {proc.returncode}")
+    made = json.loads(proc.stdout)
+    return Bundle(Path(made["root"]), tuple(made["libraries"]), tuple(made["packages"]),
+                  int(made["size"]))
+
+
+def _install_here(dest: str | os.PathLike[str]) -> Bundle:
     importlib.import_module(ENTRY_MODULE)  # everything the launcher imports is now loaded
     root = Path(dest)
     root.mkdir(parents=True, exist_ok=True)
@@ -159,3 +178,9 @@ def _mapped_libraries() -> tuple[Path, list[Path]]:
         if libc is not None and name not in found and (libc.parent / name).exists():
             found[name] = libc.parent / name
     return loader, sorted(found.values())
+
+
+if __name__ == "__main__":
+    bundle = _install_here(sys.argv[1])
+    print(json.dumps({"root": str(bundle.root), "libraries": bundle.libraries,
+                      "packages": bundle.packages, "size": bundle.size}))
