@@ -3,11 +3,18 @@
 It imports only what launching needs (not the server, not cryptography), and points
 ctypes at the copied libraries first: in KubeVirt's image ctypes.util.find_library (which
 asks ldconfig or a compiler) would not find libseccomp, which pyseccomp loads by name.
+
+In KubeVirt's container the launcher and virtiofsd run as the same user (107), so a
+compromised virtiofsd could ptrace its parent or pidfd_getfd() the listener out of it
+(wherever Yama does not forbid it) and answer its own trapped calls. After forking, the
+launcher makes itself non-dumpable: a same-user process then needs CAP_SYS_PTRACE to reach
+it. The child stays dumpable (fhmon must read its memory) and exec resets it anyway.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import ctypes.util
 import os
 import sys
@@ -38,6 +45,13 @@ def _install_library_lookup() -> None:
 
 _install_library_lookup()
 
+PR_SET_DUMPABLE = 4
+
+
+def _not_dumpable() -> None:
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        print("fhmon launch: cannot make the launcher non-dumpable", file=sys.stderr)
+
 from monitor import launcher  # noqa: E402  (after the lookup: pyseccomp loads at import)
 
 
@@ -53,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
+    os.register_at_fork(after_in_parent=_not_dumpable)
     try:
         user = launcher.parse_user(args.user) if args.user else None
         return launcher.launch(args.socket, args.share, user, command)

@@ -466,6 +466,13 @@ def inject(text: str, settings: Settings = Settings()) -> str:
 
     Output is input except for the spans that change; injecting twice equals injecting once.
     """
+    try:
+        return _inject(text, settings)
+    except RecursionError:
+        raise InjectError("the input is nested too deeply") from None
+
+
+def _inject(text: str, settings: Settings) -> str:
     newline = "\r\n" if "\r\n" in text else "\n"
     if _looks_json(text):
         documents = list(_json_documents(text, newline, settings))

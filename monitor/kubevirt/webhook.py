@@ -55,6 +55,8 @@ def parse_review(body: bytes) -> Review:
         review = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadReview(f"body is not JSON: {exc}") from None
+    except RecursionError:
+        raise BadReview("body is not JSON we read: nested too deeply") from None
     if not isinstance(review, dict):
         raise BadReview("an AdmissionReview is a JSON object")
     if review.get("apiVersion") != ADMISSION_API or review.get("kind") != "AdmissionReview":
@@ -93,7 +95,11 @@ def make_handler(settings: inject.Settings, certificates: CertificateFiles) -> h
         except BadReview as exc:
             log.event("webhook_bad_review", logging.WARNING, error=str(exc))
             return http.text(400, str(exc))
-        answer = review_response(review, settings)
+        try:
+            answer = review_response(review, settings)
+        except RecursionError:  # an object nested deeper than the API server would send
+            log.event("webhook_bad_review", logging.WARNING, error="nested too deeply")
+            return http.text(400, "request.object is nested too deeply")
         patched = "patch" in answer["response"]
         log.event("webhook_reviewed", logging.DEBUG, uid=review.uid, patched=patched)
         return Response(200, json.dumps(answer).encode(), content_type="application/json")

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,13 +46,20 @@ def launcher_argv(root: Path, *args: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("launcher")
-    result = subprocess.run([sys.executable, "-m", "monitor.cli", "install-launcher", str(root)],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "monitor" in result.stderr and "trio" in result.stderr
-    return root
+def bundle() -> Iterator[Path]:
+    # Readable by other users (pytest's tmp dirs are 0700): the launcher runs as one.
+    parent = Path(tempfile.mkdtemp(prefix="fhmon-bundle-", dir="/tmp"))
+    parent.chmod(0o755)
+    root = parent / "launcher"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "monitor.cli", "install-launcher", str(root)],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "monitor" in result.stderr and "trio" in result.stderr
+        yield root
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def test_layout(bundle: Path) -> None:
@@ -100,3 +110,66 @@ def test_reinstall_starts_clean(bundle: Path, tmp_path: Path) -> None:
 
     made = install_launcher(root)
     assert not (root / "stale").exists() and made.size > 10 * 2**20
+
+
+PROBE = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+pidfd = os.pidfd_open(os.getppid())
+got = libc.syscall(438, pidfd, 3, 0)  # pidfd_getfd(the launcher, its fd 3, 0)
+print("pidfd_getfd", got, errno.errorcode.get(ctypes.get_errno(), "0") if got < 0 else "ok")
+"""
+
+
+def steal_from_launcher(bundle: Path, uid: int = 65534) -> list[str]:
+    """Run PROBE as `uid` under the bundled launcher (a fake fhmon accepts the registration):
+    the child's pidfd_getfd() of its launcher's fd 3, as ["pidfd_getfd", result, errno]."""
+    import socket as so
+
+    from protocol import native
+
+    base = Path(tempfile.mkdtemp(prefix="fhmon-bundle-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        sock_path = base / "fhmon.sock"
+        server = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+        server.bind(str(sock_path))
+        sock_path.chmod(0o777)
+        server.listen()
+        server.settimeout(30)
+        argv = launcher_argv(bundle, "launch", "--socket", str(sock_path), "--share", str(base),
+                             "--", sys.executable, "-I", "-c", PROBE)
+        proc = subprocess.Popen(argv, env={}, user=uid, group=uid, extra_groups=[],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            conn, _ = server.accept()
+            conn.settimeout(30)
+            decoder = native.FrameDecoder()
+            fds: list[int] = []
+            while (hello := decoder.next_message()) is None:
+                data, got, _, _ = so.recv_fds(conn, 65536, 4)
+                fds += got
+                assert data, "the launcher hung up"
+                decoder.feed(data)
+            assert isinstance(hello, native.Hello) and len(fds) == 1
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(native.encode(native.Accept(1, bytes(32), "ok")))
+            out, err = proc.communicate(timeout=60)
+            conn.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            server.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert proc.returncode == 0, err
+    return out.split()
+
+
+@needs_root
+def test_the_launched_command_cannot_take_fds_from_the_launcher(bundle: Path) -> None:
+    """Same uid (KubeVirt's 107) for launcher and virtiofsd: the launcher is non-dumpable after
+    its fork, so its child cannot pidfd_getfd() (nor ptrace) it. A fake fhmon accepts."""
+    assert steal_from_launcher(bundle) == ["pidfd_getfd", "-1", "EPERM"]

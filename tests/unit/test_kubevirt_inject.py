@@ -269,7 +269,8 @@ def test_other_settings() -> None:
     assert pod["spec"]["initContainers"][-1]["image"] == settings.image
 
 
-@pytest.mark.parametrize("bad", ["a: [1, 2\n", "{\"a\": ", "a: b: c\n"])
+@pytest.mark.parametrize("bad", ["a: [1, 2\n", "{\"a\": ", "a: b: c\n",
+                                 '{"a":' * 5000 + "1" + "}" * 5000, "[" * 5000 + "]" * 5000])
 def test_bad_input_is_a_clear_error(bad: str) -> None:
     with pytest.raises(InjectError):
         inject(bad)

@@ -201,6 +201,7 @@ async def test_nothing_to_do_is_allowed_without_a_patch(server: Server) -> None:
     (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                  "request": {"uid": "u", "object": [1]}}).encode(), b"request.object"),
     ("\udcff".encode("utf-8", "surrogatepass"), b"not JSON"),
+    (b'{"a":' * 5000 + b"1" + b"}" * 5000, b"nested too deeply"),
 ])
 async def test_malformed_review_is_400_and_the_server_keeps_serving(
         server: Server, body: bytes, message: bytes) -> None:
