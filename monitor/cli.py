@@ -437,14 +437,17 @@ def build_parser() -> argparse.ArgumentParser:
     hook.add_argument("--address", default="0.0.0.0:8443", help="HOST:PORT (default %(default)s)")
     hook.add_argument("--tls-cert", dest="tls_cert", required=True, metavar="FILE",
                       help="PEM certificate (chain); re-read when the file changes")
-    hook.add_argument("--tls-key", dest="tls_key", required=True, metavar="FILE")
+    hook.add_argument("--tls-key", dest="tls_key", required=True, metavar="FILE",
+                      help="PEM private key of --tls-cert; re-read with it")
     hook.add_argument("--image", default="fhmon",
                       help="the fhmon image the injected init container runs")
-    hook.add_argument("--log-level", dest="log_level", default="info")
+    hook.add_argument("--log-level", dest="log_level", default="info",
+                      help="debug, info, warning or error (default %(default)s)")
     hook.set_defaults(func=_webhook)
     plugin = sub.add_parser("device-plugin", help="kubelet device plugin whose resource "
                             "mounts fhmon's socket directory into a container")
-    plugin.add_argument("--resource", default="devices.kubevirt.io/fhmon")
+    plugin.add_argument("--resource", default="devices.kubevirt.io/fhmon",
+                        help="the extended resource to advertise (default %(default)s)")
     plugin.add_argument("--plugin-dir", dest="plugin_dir",
                         default="/var/lib/kubelet/device-plugins",
                         help="the kubelet's device-plugins directory (kubelet.sock)")
@@ -452,11 +455,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fhmon's socket directory, mounted at the same path")
     plugin.add_argument("--devices", type=int, default=1000,
                         help="how many containers per node may hold the resource")
-    plugin.add_argument("--log-level", dest="log_level", default="info")
+    plugin.add_argument("--log-level", dest="log_level", default="info",
+                        help="debug, info, warning or error (default %(default)s)")
     plugin.set_defaults(func=_device_plugin)
     install = sub.add_parser("install-launcher", help="copy a self-contained `fhmon launch` "
                              "into DIRECTORY (the injected init container runs this)")
-    install.add_argument("directory")
+    install.add_argument("directory", help="where to copy it (the launcher emptyDir)")
     install.set_defaults(func=_install_launcher)
 
     for name, func, text in (("probe", _probe, "health check: exit 0 if fhmon answers"),

@@ -228,7 +228,8 @@ def launcher_volume() -> dict[str, Any]:
 def launcher_init_container(settings: Settings = Settings()) -> dict[str, Any]:
     """Copies the self-contained launcher out of the fhmon image into the emptyDir."""
     # requests == limits: keeps a Guaranteed (dedicated-CPU) virt-launcher pod Guaranteed.
-    amounts = {"cpu": "100m", "memory": "64Mi"}
+    # Measured: 33 MiB peak RSS for the copy (two interpreters), plus page cache.
+    amounts = {"cpu": "100m", "memory": "128Mi"}
     return {
         "name": LAUNCHER_INIT,
         "image": settings.image,
