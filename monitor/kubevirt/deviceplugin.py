@@ -64,7 +64,10 @@ class DevicePlugin:
     def __init__(self, config: PluginConfig) -> None:
         self.config = config
         self.ids = [f"fhmon-{n}" for n in range(config.devices)]
-        self._health_changed = asyncio.Event()
+        # Every ListAndWatch stream (a stale one may outlive a re-registration) waits for the
+        # generation to move; one Event per change wakes them all.
+        self._changed = asyncio.Event()
+        self.generation = 0
         self.healthy = self.fhmon_present()
         self.allocations = 0
 
@@ -79,8 +82,10 @@ class DevicePlugin:
         healthy = self.fhmon_present()
         if healthy != self.healthy:
             self.healthy = healthy
+            self.generation += 1
             log.event("device_plugin_health", healthy=healthy)
-            self._health_changed.set()
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
 
     def device_list(self) -> Any:
         health = api.HEALTHY if self.healthy else api.UNHEALTHY
@@ -95,9 +100,9 @@ class DevicePlugin:
 
     async def list_and_watch(self, request: Any, context: Any) -> AsyncIterator[Any]:
         while True:
-            self._health_changed.clear()
+            changed = self._changed
             yield self.device_list()
-            await self._health_changed.wait()
+            await changed.wait()
 
     async def allocate(self, request: Any, context: Any) -> Any:
         known = set(self.ids)

@@ -133,11 +133,17 @@ def test_register_list_and_watch_allocate(tmp_path: Path) -> None:
                 await call("Allocate", api.AllocateRequest(container_requests=[
                     api.ContainerAllocateRequest(devices_ids=["gpu-0"])]), api.AllocateResponse)
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            # fhmon's socket goes away: the devices turn Unhealthy, and back.
+            # fhmon's socket goes away: the devices turn Unhealthy, and back; every open
+            # stream is told (a kubelet may hold a stale one across a re-registration).
+            other = call("ListAndWatch", api.Empty(), api.ListAndWatchResponse, stream=True)
+            assert len((await asyncio.wait_for(other.read(), TIMEOUT)).devices) == 5
             fhmon.close()
             os.unlink(socket_dir / "fhmon.sock")
             second = await asyncio.wait_for(stream.read(), TIMEOUT)
             assert {d.health for d in second.devices} == {"Unhealthy"}
+            second_other = await asyncio.wait_for(other.read(), TIMEOUT)
+            assert {d.health for d in second_other.devices} == {"Unhealthy"}
+            other.cancel()
             fhmon = listening_socket(socket_dir / "fhmon.sock")
             third = await asyncio.wait_for(stream.read(), TIMEOUT)
             assert {d.health for d in third.devices} == {"Healthy"}
