@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -10,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,3 +175,87 @@ def test_the_launched_command_cannot_take_fds_from_the_launcher(bundle: Path) ->
     """Same uid (KubeVirt's 107) for launcher and virtiofsd: the launcher is non-dumpable after
     its fork, so its child cannot pidfd_getfd() (nor ptrace) it. A fake fhmon accepts."""
     assert steal_from_launcher(bundle) == ["pidfd_getfd", "-1", "EPERM"]
+
+
+def _accept_hello(server: Any) -> Any:
+    """One registration on the fake fhmon: the Hello (its fd closed), answered Accept."""
+    import socket as so
+
+    from protocol import native
+
+    conn, _ = server.accept()
+    conn.settimeout(30)
+    decoder = native.FrameDecoder()
+    while (hello := decoder.next_message()) is None:
+        data, fds, _, _ = so.recv_fds(conn, 65536, 4)
+        for fd in fds:
+            os.close(fd)
+        assert data, "the launcher hung up"
+        decoder.feed(data)
+    conn.sendall(native.encode(native.Accept(1, bytes(32), "ok")))
+    return conn, hello
+
+
+@needs_root
+def test_registers_again_through_the_read_only_socket_directory(bundle: Path) -> None:
+    """A rolling upgrade of fhmon, as the injected container sees it: the device plugin's
+    read-only mount of the socket directory shows the socket the new fhmon creates, and the
+    launcher (in a pod-like root: only the host's /usr, uid 107) registers with it."""
+    import json as js
+    import signal
+    import socket as so
+
+    from protocol import native
+
+    base = Path(tempfile.mkdtemp(prefix="fhmon-upgrade-", dir="/tmp"))
+    base.chmod(0o755)
+    host_dir = base / "host-fhmon"
+    share = base / "share"
+    for d in (host_dir, share, base / "root"):
+        d.mkdir(mode=0o755)
+    os.chown(share, 107, 107)
+    sock_path = host_dir / "fhmon.sock"
+
+    def listen() -> so.socket:
+        server = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+        server.bind(str(sock_path))
+        sock_path.chmod(0o777)
+        server.listen()
+        server.settimeout(30)
+        return server
+
+    settings = kv.Settings()
+    spec = {"root": str(base / "root"), "host": ["/usr", "/etc", "/dev", "/proc"],
+            "links": {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64",
+                      "sbin": "usr/sbin"},
+            "mounts": [{"source": str(bundle), "target": kv.LAUNCHER_DIR, "readonly": True},
+                       {"source": str(host_dir), "target": settings.socket.rpartition("/")[0],
+                        "readonly": True},
+                       {"source": str(share), "target": "/data", "readonly": False}],
+            "files": {}, "uid": 107, "gid": 107, "groups": [107],
+            "argv": [*kv.launcher_command(settings, "/data"), "/usr/bin/sleep", "60"],
+            "env": {"PATH": "/usr/bin:/bin"}}
+    (base / "spec.json").write_text(js.dumps(spec))
+    runtime = Path(__file__).parents[1] / "e2e" / "pod_runtime.py"
+    server = listen()
+    proc = subprocess.Popen([sys.executable, str(runtime), str(base / "spec.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            process_group=0)
+    try:
+        first_conn, first = _accept_hello(server)
+        # The old fhmon goes away (its pod is replaced); the new one makes a new socket.
+        server.close()
+        sock_path.unlink()
+        first_conn.close()
+        server = listen()
+        second_conn, second = _accept_hello(server)
+        second_conn.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+        server.close()
+        shutil.rmtree(base, ignore_errors=True)
+    assert isinstance(first, native.Hello) and isinstance(second, native.Hello), err
+    assert (second.target_pid, second.share) == (first.target_pid, "/data"), err
+    assert "registering again" in err, err
