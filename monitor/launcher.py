@@ -102,6 +102,8 @@ class Registration:
         self.pid = pid
         self.listener = listener
         self.sock: trio.socket.SocketType | None = None
+        # the first ACCEPT's share id: every re-registration must land on that share
+        self.share_id: bytes | None = None
 
     def close(self) -> None:
         if self.sock is not None:
@@ -116,7 +118,8 @@ class Registration:
             await sock.connect(self.socket_path)
             server_is_root(sock, self.socket_path)  # before the listener leaves this process
             hello = native.encode(native.Hello(self.pid, self.share,
-                                               f"fhmon-launch/{os.getpid()}"))
+                                               f"fhmon-launch/{os.getpid()}",
+                                               share_id=self.share_id))
             await sock.sendmsg([hello], fdpass.rights([self.listener]))
             decoder = native.FrameDecoder()
             while (message := decoder.next_message()) is None:
@@ -129,6 +132,8 @@ class Registration:
             raise
         if isinstance(message, native.Accept):
             self.sock = sock
+            if self.share_id is None:
+                self.share_id = message.share_id
         else:
             sock.close()
         return message

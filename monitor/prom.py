@@ -1,13 +1,12 @@
-"""Prometheus metrics, served by a tiny trio HTTP endpoint (no threads).
+"""Prometheus metrics, served from fhmon's trio nursery (no threads).
 
 prometheus-client gives the exposition format and the metric types; its own HTTP server
-runs in a thread, so fhmon serves `GET /metrics` itself from its trio nursery.
+runs in a thread, so fhmon serves `GET /metrics` itself, through monitor/http.py.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -18,13 +17,12 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
-from monitor import log
+from monitor import http
 from monitor.metrics import LATENCY_BUCKETS, CallStats
 
 if TYPE_CHECKING:
     from monitor.server import Service
 
-MAX_REQUEST = 8192
 MAC_FAILURE = "bad or foreign MAC"  # the refusal reason fhmon_mac_failures counts
 # The buckets' "le" labels, written as prometheus-client writes them
 _LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]  # type: ignore[no-untyped-call]
@@ -93,40 +91,16 @@ class _CallCollector:
 
 
 async def serve_http(metrics: Metrics, address: str,
-                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    host, _, port = address.rpartition(":")
-    listeners = await trio.open_tcp_listeners(int(port), host=host.strip("[]") or None)
-    log.event("metrics_serving", address=address)
-    task_status.started()
+                     task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
+                     ) -> None:
+    """`GET /metrics` and `GET /healthz` on `address`, through the bounded server of
+    monitor/http.py (no request body; a scrape must arrive within 5 s)."""
 
-    async def handle(stream: trio.SocketStream) -> None:
-        # One connection's failure is that connection's alone: trio.serve_listeners hands
-        # whatever a handler raises to the service's nursery, so a client's RST (ECONNRESET
-        # on receive or send) or EPIPE must end here, never in fhmon serve.
-        try:
-            await answer(stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            log.event("metrics_connection_failed", level=logging.DEBUG, error=type(e).__name__)
+    async def scrape(request: http.Request) -> http.Response:
+        return http.Response(200, metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
 
-    async def answer(stream: trio.SocketStream) -> None:
-        async with stream:
-            with trio.move_on_after(5):
-                request = b""
-                while b"\r\n\r\n" not in request and len(request) < MAX_REQUEST:
-                    chunk = await stream.receive_some(4096)
-                    if not chunk:
-                        return
-                    request += chunk
-                line = request.split(b"\r\n", 1)[0].split()
-                if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
-                    body, status, ctype = metrics.exposition(), b"200 OK", CONTENT_TYPE_LATEST
-                elif len(line) >= 2 and line[0] == b"GET" and line[1] == b"/healthz":
-                    body, status, ctype = b"ok\n", b"200 OK", "text/plain"
-                else:
-                    body, status, ctype = b"not found\n", b"404 Not Found", "text/plain"
-                await stream.send_all(b"HTTP/1.1 " + status + b"\r\nContent-Type: "
-                                      + ctype.encode() + b"\r\nContent-Length: "
-                                      + str(len(body)).encode()
-                                      + b"\r\nConnection: close\r\n\r\n" + body)
+    async def healthz(request: http.Request) -> http.Response:
+        return http.text(200, "ok")
 
-    await trio.serve_listeners(handle, listeners)
+    handler = http.route({"/metrics": {"GET": scrape}, "/healthz": {"GET": healthz}})
+    await http.serve(handler, address, name="metrics", task_status=task_status)

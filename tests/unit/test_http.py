@@ -1,0 +1,214 @@
+"""monitor/http.py over in-memory streams: what one connection gets for what it sends.
+
+The byte-level behaviour (pipelining, limits, timeouts, garbage) without sockets; the same
+server over real sockets, resets and floods is in tests/kernel/test_http_endpoint.py.
+"""
+
+from __future__ import annotations
+
+import h11
+import pytest
+import trio
+import trio.testing
+
+from monitor import http
+from monitor.http import Limits, Request, Response
+
+LIMITS = Limits(request_timeout=1.0, idle_timeout=0.5, max_body_bytes=64,
+                max_requests_per_connection=3)
+
+
+async def echo(request: Request) -> Response:
+    return Response(200, f"{request.method} {request.target} {len(request.body)}".encode())
+
+
+async def broken(request: Request) -> Response:
+    raise RuntimeError("a bug in a handler")
+
+
+HANDLER = http.route({"/echo": {"GET": echo, "POST": echo}, "/broken": {"GET": broken}})
+
+
+async def exchange(data: bytes, limits: Limits = LIMITS, half_close: bool = True,
+                   handler: http.Handler = HANDLER,
+                   methods: tuple[str, ...] = ()) -> list[h11.Response | bytes]:
+    """Send `data` on a fresh connection; the responses (with their bodies) until the server
+    closes."""
+    client, server = trio.testing.memory_stream_pair()
+    received = bytearray()
+    async with trio.open_nursery() as nursery:
+        async def run_server() -> None:
+            try:
+                await http._Connection(server, handler, limits).run()
+            finally:
+                await server.aclose()
+        nursery.start_soon(run_server)
+        await client.send_all(data)
+        if half_close:
+            await client.send_eof()
+        with trio.fail_after(10):
+            while chunk := await client.receive_some():
+                received += chunk
+    return parse_responses(bytes(received), methods)
+
+
+def parse_responses(data: bytes, methods: tuple[str, ...] = ()) -> list[h11.Response | bytes]:
+    """The responses in `data`, read as answers to `methods` (then GETs)."""
+    conn = h11.Connection(h11.CLIENT)
+    out: list[h11.Response | bytes] = []
+    conn.receive_data(data)
+    conn.receive_data(b"")
+    for n in range(1000):
+        method = methods[n] if n < len(methods) else "GET"
+        conn.send(h11.Request(method=method, target="/", headers=[("Host", "x")]))
+        conn.send(h11.EndOfMessage())
+        body = b""
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError:  # closed where a response would be
+                return out
+            if isinstance(event, h11.Response):
+                out.append(event)
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                out.append(body)
+                break
+            else:  # ConnectionClosed / NEED_DATA: no more responses
+                return out
+        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+            return out
+        conn.start_next_cycle()
+    return out
+
+
+def statuses(responses: list[h11.Response | bytes]) -> list[int]:
+    return [r.status_code for r in responses if isinstance(r, h11.Response)]
+
+
+def bodies(responses: list[h11.Response | bytes]) -> list[bytes]:
+    return [r for r in responses if isinstance(r, bytes)]
+
+
+GET = b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+async def test_pipelined_requests_are_answered_in_order() -> None:
+    pipelined = (b"GET /echo?1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"POST /echo?2 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+                 b"GET /echo?3 HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = await exchange(pipelined)
+    assert statuses(got) == [200, 200, 200]
+    assert bodies(got) == [b"GET /echo?1 0", b"POST /echo?2 5", b"GET /echo?3 0"]
+
+
+async def test_requests_per_connection_are_capped() -> None:
+    got = await exchange(GET * 5)
+    assert statuses(got) == [200, 200, 200]  # max_requests_per_connection, then close
+    last = got[-2]
+    assert isinstance(last, h11.Response) and (b"connection", b"close") in last.headers
+
+
+async def test_routing_404_405_and_head() -> None:
+    assert statuses(await exchange(b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n")) == [404]
+    got = await exchange(b"DELETE /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert statuses(got) == [405]
+    first = got[0]
+    assert isinstance(first, h11.Response)
+    assert dict(first.headers)[b"allow"] == b"GET, HEAD, POST"
+    head = await exchange(b"HEAD /echo HTTP/1.1\r\nHost: x\r\n\r\n" + GET,
+                          methods=("HEAD", "GET"))
+    assert statuses(head) == [200, 200] and bodies(head) == [b"", b"GET /echo 0"]
+
+
+@pytest.mark.parametrize("garbage", [
+    bytes(range(256)) * 4 + b"\r\n\r\n",
+    b"GET / FTP/1.0\r\n\r\n",
+    b"GET /echo HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
+    b"GET /echo HTTP/1.1\r\n\r\n",  # HTTP/1.1 without Host
+    b"GET /echo HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n",
+    b"GET /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+    b"\r\n\r\n\r\n",
+    b"GET /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nab",  # EOF mid-body
+])
+async def test_garbage_gets_400_and_close(garbage: bytes) -> None:
+    assert statuses(await exchange(garbage)) == [400]
+
+
+async def test_head_and_body_limits() -> None:
+    huge_head = b"GET /echo HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 9000 + b"\r\n\r\n"
+    assert statuses(await exchange(huge_head)) == [431]
+    declared = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 65\r\n\r\n" + b"a" * 65
+    assert statuses(await exchange(declared)) == [413]
+    chunked = (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + (b"20\r\n" + b"a" * 32 + b"\r\n") * 3 + b"0\r\n\r\n")
+    assert statuses(await exchange(chunked)) == [413]
+    fits = chunked.replace(b"20\r\n" + b"a" * 32 + b"\r\n", b"", 1)
+    assert bodies(await exchange(fits)) == [b"POST /echo 64"]
+    no_body = Limits(max_body_bytes=0)
+    one_byte = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na"
+    assert statuses(await exchange(one_byte, limits=no_body)) == [413]
+
+
+async def test_slow_request_gets_408_and_idle_connection_closes_silently() -> None:
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(http._Connection(server, HANDLER, LIMITS).run)
+        start = trio.current_time()
+        await client.send_all(b"GET /echo HTTP/1.1\r\n")  # ... and never the rest
+        received = b""
+        with trio.fail_after(5):
+            while b"\r\n\r\n" not in received:
+                received += await client.receive_some()
+        assert received.startswith(b"HTTP/1.1 408 ")
+        assert trio.current_time() - start >= LIMITS.request_timeout
+    # a fresh connection that sends nothing is closed without an answer
+    assert await exchange(b"", half_close=False) == []
+    # a kept-alive connection that goes quiet after one answer is closed without another
+    assert statuses(await exchange(GET, half_close=False)) == [200]
+
+
+async def test_a_failing_handler_gets_500_and_the_connection_goes_on() -> None:
+    got = await exchange(b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n" + GET)
+    assert statuses(got) == [500, 200]
+
+
+async def test_a_client_that_does_not_read_loses_its_connection() -> None:
+    async def big(request: Request) -> Response:
+        return Response(200, b"x" * 1_000_000)
+
+    # a lockstep stream sends nothing the other side does not receive (a full socket buffer)
+    client, server = trio.testing.lockstep_stream_pair()
+    failed: list[BaseException] = []
+
+    async def run_server() -> None:
+        try:
+            await http._Connection(server, big, LIMITS).run()
+        except trio.BrokenResourceError as e:
+            failed.append(e)
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_server)
+            await client.send_all(GET)
+            assert (await client.receive_some(10)).startswith(b"HTTP/1.1 ")  # then no more
+    assert failed
+
+
+def test_addresses_and_connection_cap() -> None:
+    assert http.parse_address("127.0.0.1:9100") == ("127.0.0.1", 9100)
+    assert http.parse_address("[::1]:80") == ("::1", 80)
+    assert http.parse_address(":9100") == (None, 9100)
+    for bad in ("9100", "host:", "host:99999", "host:x"):
+        with pytest.raises(ValueError):
+            http.parse_address(bad)
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, hard))
+        assert http.connection_cap(Limits(max_connections=64)) == 25
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        assert http.connection_cap(Limits(max_connections=64)) == min(64, hard // 4)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
