@@ -23,6 +23,7 @@ import resource
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import h11
@@ -337,7 +338,8 @@ class _Connection:
                    *response.headers]
         if close:
             headers.append(("Connection", "close"))
-        events: list[Any] = [h11.Response(status_code=response.status, headers=headers)]
+        events: list[Any] = [h11.Response(status_code=response.status, headers=headers,
+                                          reason=_reason(response.status))]
         if response.body and self.method != b"HEAD":
             events.append(h11.Data(data=response.body))
         events.append(h11.EndOfMessage())
@@ -346,6 +348,13 @@ class _Connection:
             await self.stream.send_all(data)
         if sending.cancelled_caught:
             raise trio.BrokenResourceError("the client did not read its answer in time")
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
 
 
 class _TooLarge(Exception):
