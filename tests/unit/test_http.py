@@ -6,10 +6,20 @@ server over real sockets, resets and floods is in tests/kernel/test_http_endpoin
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import functools
+import ipaddress
+import ssl
+from pathlib import Path
+
 import h11
 import pytest
 import trio
 import trio.testing
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from monitor import http
 from monitor.http import Limits, Request, Response
@@ -212,3 +222,63 @@ def test_addresses_and_connection_cap() -> None:
         assert http.connection_cap(Limits(max_connections=64)) == min(64, hard // 4)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1)
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"),
+                 x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+async def test_tls_per_connection_context_and_plain_clients_on_a_tls_port(
+        tmp_path: Path) -> None:
+    """serve() over real loopback sockets with TLS: the context factory runs once per
+    connection (rotation), and a plain-text or broken client does not stop the server."""
+    cert, key = self_signed(tmp_path)
+    made = []
+
+    def context() -> ssl.SSLContext:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(cert, key)
+        made.append(ctx)
+        return ctx
+
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, HANDLER, "127.0.0.1:0", name="test", limits=LIMITS,
+            ssl_context=context))
+        port = bound[0][1]
+        plain = await trio.open_tcp_stream("127.0.0.1", port)
+        await plain.send_all(GET)  # not TLS: the handshake fails, this connection ends
+        with trio.fail_after(5):
+            while await plain.receive_some():
+                pass
+        for _ in range(2):
+            stream = await trio.open_ssl_over_tcp_stream("127.0.0.1", port,
+                                                         ssl_context=client_ctx)
+            await stream.send_all(b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            received = b""
+            with trio.fail_after(5):
+                with contextlib.suppress(trio.BrokenResourceError):
+                    while chunk := await stream.receive_some():
+                        received += chunk
+            assert received.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert received.endswith(b"GET /echo 0")
+            await stream.aclose()
+        assert len(made) == 3
+        nursery.cancel_scope.cancel()
