@@ -7,7 +7,8 @@ enforces limits, so that nothing a client does on one connection can reach the s
   handler) ends that connection and is logged; only a failure of the listening socket itself
   (other than running out of fds or memory, which is waited out) stops `serve`;
 - at most `Limits.max_connections` connections are served at once (fewer when the process's
-  fd limit is low); a connection over the cap is closed at once, so a flood holds no fds;
+  fd limit is low); beyond the cap nothing is accepted: further connections wait in the
+  kernel's listen backlog, so a flood holds no fd of ours and costs no CPU;
 - a request's head is bounded (431), its body too (413), and the whole request must arrive
   within `request_timeout` (408, then close): a slowloris client holds its slot for that long
   at most; an idle keep-alive connection is closed after `idle_timeout`;
@@ -156,29 +157,28 @@ class _Server:
         self.limits = limits
         self.ssl_context = ssl_context
         self.cap = connection_cap(limits)
-        self.active = 0
-        self.refused = 0  # connections closed at once because the cap was reached
+        self.slots = trio.Semaphore(self.cap)  # one per connection being served
 
     async def accept_loop(self, listener: trio.SocketListener,
                           nursery: trio.Nursery) -> None:
         while True:
+            # At the cap, accept nothing: further connections wait in the kernel's listen
+            # backlog (no fd of ours, no CPU: a reconnect storm costs the data plane
+            # nothing) until a slot frees, at the latest request_timeout later.
+            await self.slots.acquire()
             try:
                 stream = await listener.accept()
             except OSError as e:
+                self.slots.release()
                 if e.errno not in CAPACITY_ERRNOS:
                     raise
                 log.event(f"{self.name}_accept_paused", logging.WARNING,
                           error=errno.errorcode.get(e.errno or 0, str(e.errno)))
                 await trio.sleep(CAPACITY_PAUSE)
                 continue
-            if self.active >= self.cap:
-                self.refused += 1
-                stream.socket.close()  # at once: the flood must not hold our fds
-                if self.refused == 1 or self.refused % 1000 == 0:
-                    log.event(f"{self.name}_connection_refused", logging.WARNING,
-                              reason="too many connections", refused=self.refused)
-                continue
-            self.active += 1
+            except BaseException:
+                self.slots.release()
+                raise
             nursery.start_soon(self.connection, stream)
 
     async def connection(self, stream: trio.SocketStream) -> None:
@@ -195,14 +195,16 @@ class _Server:
             log.event(f"{self.name}_connection_failed", logging.ERROR, exc_info=True,
                       error=_describe(e))
         finally:
-            self.active -= 1
-            with trio.move_on_after(CLOSE_GRACE) as closing:
-                closing.shield = True
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError,
-                                         OSError, ssl.SSLError):
-                    await transport.aclose()
-            if closing.cancelled_caught:
-                await trio.aclose_forcefully(stream)
+            try:
+                with trio.move_on_after(CLOSE_GRACE) as closing:
+                    closing.shield = True
+                    with contextlib.suppress(trio.BrokenResourceError,
+                                             trio.ClosedResourceError, OSError, ssl.SSLError):
+                        await transport.aclose()
+                if closing.cancelled_caught:
+                    await trio.aclose_forcefully(stream)
+            finally:
+                self.slots.release()  # once the fd is closed
 
 
 def _describe(e: BaseException) -> str:
