@@ -30,6 +30,7 @@ _LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]  # type: ignore[n
 
 class Metrics:
     def __init__(self, service: Service) -> None:
+        self.service = service
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         r.register(_CallCollector(service.stats))
@@ -47,6 +48,23 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def unready(self) -> str | None:
+        """Why fhmon cannot serve a new target right now (/readyz), or None when it can:
+        its keys loaded without error, its answering machinery (worker processes, if any)
+        runs, and its intake accepts registrations."""
+        service = self.service
+        if service.key_error is not None:  # the details (paths) are in the log only
+            return "key directory: the last load failed (log event keys_reload_failed)"
+        if not service.keys.key_ids:
+            return "no keys loaded"
+        if not service.accepting:
+            return "intake not accepting (starting or stopping)"
+        if service._connections >= service.config.max_connections:
+            return "intake at its connection cap"
+        if any(w.process.returncode is not None for w in service._workers):
+            return "a worker process ended"
+        return None
 
 
 class _CallCollector:
@@ -93,14 +111,19 @@ class _CallCollector:
 async def serve_http(metrics: Metrics, address: str,
                      task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
                      ) -> None:
-    """`GET /metrics` and `GET /healthz` on `address`, through the bounded server of
+    """`GET /metrics`, `/healthz` and `/readyz` on `address`, through the bounded server of
     monitor/http.py (no request body; a scrape must arrive within 5 s)."""
 
     async def scrape(request: http.Request) -> http.Response:
         return http.Response(200, metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: http.Request) -> http.Response:
-        return http.text(200, "ok")
+        return http.text(200, "ok")  # the process is alive and its event loop answers
 
-    handler = http.route({"/metrics": {"GET": scrape}, "/healthz": {"GET": healthz}})
+    async def readyz(request: http.Request) -> http.Response:
+        reason = metrics.unready()
+        return http.text(503, reason) if reason else http.text(200, "ready")
+
+    handler = http.route({"/metrics": {"GET": scrape}, "/healthz": {"GET": healthz},
+                          "/readyz": {"GET": readyz}})
     await http.serve(handler, address, name="metrics", task_status=task_status)

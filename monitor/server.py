@@ -65,6 +65,7 @@ class Service:
         self.started = time.time()
         self.key_error: str | None = None
         self.activated = False  # the socket came from systemd: leave it in place
+        self.accepting = False  # the intake's accept loop runs (/readyz)
         self._dispatch: DispatchThread | None = None
         self._workers: list[WorkerProcess] = []
 
@@ -211,6 +212,7 @@ class Service:
                           allow=self.config.allow, keys=[f"{k:08x}" for k in self.keys.key_ids],
                           signer=f"{self.keys.signer:08x}", pid=os.getpid())
                 task_status.started()
+                self.accepting = True
                 while True:
                     try:
                         conn, _ = await sock.accept()
@@ -226,6 +228,7 @@ class Service:
                     self._connections += 1
                     nursery.start_soon(self._connection, conn, nursery)
         finally:
+            self.accepting = False
             sock.close()
             for worker in self._workers:
                 await worker.stop()

@@ -9,6 +9,7 @@ import socket
 import struct
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -221,4 +222,55 @@ def test_metrics_endpoint_survives_resets_and_broken_clients(world: World) -> No
         assert agent.call("n2h", path="file")["errno"] == 0
     finally:
         agent.close()
+        service.stop()
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+
+
+def test_readyz_says_why_fhmon_cannot_take_targets(world: World, tmp_path: Path) -> None:
+    """/healthz: the process answers. /readyz: 200 only while the keys loaded without error
+    and the intake accepts; else 503 and the reason (without paths: the details are in the
+    log). Made to fail for real: a broken key file appears in the key directory (the watcher
+    reloads), then the intake is filled to its connection cap."""
+    port = free_port()
+    config = tmp_path / "readyz.toml"
+    config.write_text("max_connections = 2\n")
+    service = Service(world.base, [str(world.shares / "*")], name="readyz",
+                      extra=["--metrics-address", f"127.0.0.1:{port}", "--config", str(config)])
+    broken = service.key_dir / "0badc0de.key"
+    try:
+        assert http_get(port, "/readyz") == (200, "ready\n")
+        assert http_get(port, "/healthz") == (200, "ok\n")
+        broken.write_text("not hex\n")
+        broken.chmod(0o600)
+        assert wait_until(lambda: http_get(port, "/readyz")[0] == 503, timeout=10)
+        status, reason = http_get(port, "/readyz")
+        assert status == 503
+        assert reason.startswith("key directory: the last load failed"), reason
+        assert str(service.key_dir) not in reason
+        assert http_get(port, "/healthz") == (200, "ok\n")  # alive, and old keys still serve
+        assert any(e.get("event") == "keys_reload_failed" and "0badc0de" in e["error"]
+                   for e in service.events())
+        broken.unlink()
+        assert wait_until(lambda: http_get(port, "/readyz") == (200, "ready\n"), timeout=10)
+        held = [socket.socket(socket.AF_UNIX) for _ in range(2)]
+        try:
+            for s in held:
+                s.connect(service.socket)
+            assert wait_until(lambda: http_get(port, "/readyz")[0] == 503, timeout=10)
+            assert http_get(port, "/readyz")[1] == "intake at its connection cap\n"
+        finally:
+            for s in held:
+                s.close()
+        assert wait_until(lambda: http_get(port, "/readyz") == (200, "ready\n"), timeout=10)
+        assert http_get(port, "/readyz?verbose=1")[0] == 200
+        assert http_get(port, "/ready")[0] == 404
+    finally:
+        broken.unlink(missing_ok=True)
         service.stop()
