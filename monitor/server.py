@@ -452,15 +452,18 @@ class Service:
     async def _deposit(self, target: Target) -> None:
         try:
             sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-            with sock, trio.move_on_after(5):
+            with sock, trio.fail_after(5):
                 await sock.connect(self.config.keeper_socket)
                 frame = keeper_wire.encode({"op": "deposit",
                                             "target": self._keeper_record(target)})
                 await sock.sendmsg([frame], fdpass.rights([target.listener.fd]))
                 log.event("deposited", target=target.target_id, keeper=self.config.keeper_socket)
-        except OSError as exc:
+                self.metrics.count_deposit("ok")
+        except (OSError, trio.TooSlowError) as exc:
+            self.metrics.count_deposit("failed")
             log.event("deposit_failed", logging.ERROR, target=target.target_id,
-                      error=str(exc), hint="the listener will not survive a restart of fhmon")
+                      error=str(exc) or type(exc).__name__,
+                      hint="the listener will not survive a restart of fhmon")
 
     async def restore_from_keeper(self, nursery: trio.Nursery) -> int:
         """Withdraw every listener the keeper holds; restart their stuck calls; serve them."""
@@ -503,6 +506,7 @@ class Service:
                                         str(record.get("convention", "oci")), nursery,
                                         peer_credentials=creds)
                 restored += 1
+                self.metrics.count_restored()
                 log.event("target_restored", target=target.target_id, pid=pid)
             except RegistrationRefused as exc:
                 log.event("restore_refused", logging.WARNING, pid=pid, reason=exc.reason)

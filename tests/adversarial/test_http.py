@@ -9,22 +9,27 @@ target whose calls must keep being answered.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import ctypes
+import os
 import select
 import socket
 import struct
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
 
-from tests.adversarial.common import EXHAUSTION, FUZZING, wait_for
+from monitor import seccomp_filter
+from tests.adversarial.common import EXHAUSTION, FUZZING, errname, wait_for
 from tests.adversarial.conftest import Recorder
-from tests.conftest import Agent, Service, World
+from tests.conftest import NOBODY, Agent, Service, World
 from tests.handles import N2HResult
+from tests.listeners import hello, send_raw
 
 SLOW_CONNECTIONS = 150
 FLOOD_CONNECTIONS = 300
@@ -335,3 +340,116 @@ def test_connection_flood_at_a_low_fd_limit(small_endpoint: Endpoint,
     record(EXHAUSTION, "metrics endpoint once the flood stops", "scrape 200, fhmon alive",
            f"scrape {small_endpoint.scrape()}, fhmon "
            f"{'alive' if service.proc.poll() is None else 'EXITED'}")  # type: ignore[union-attr]
+
+
+# --- metric cardinality: a filter of the client's own that traps any syscall number -------
+
+SECCOMP_RET_ALLOW, SECCOMP_RET_USER_NOTIF = 0x7FFF0000, 0x7FC00000
+AUDIT_ARCH_X86_64 = 0xC000003E
+FIRST_FOREIGN_NR = 1000  # no syscall has this number or above (x32 ones have bit 30 set)
+
+
+def foreign_filter() -> bytes:
+    """A BPF program (not fhmon's) that sends every syscall number >= 1000 of the native
+    arch to the listener, and allows the rest."""
+    def op(code: int, jt: int, jf: int, k: int) -> bytes:
+        return struct.pack("=HBBI", code, jt, jf, k)
+    return b"".join([
+        op(0x20, 0, 0, 4),                             # A = seccomp_data.arch
+        op(0x15, 0, 2, AUDIT_ARCH_X86_64),             # not native: allow
+        op(0x20, 0, 0, 0),                             # A = seccomp_data.nr
+        op(0x35, 1, 0, FIRST_FOREIGN_NR),              # nr >= 1000: notify
+        op(0x06, 0, 0, SECCOMP_RET_ALLOW),
+        op(0x06, 0, 0, SECCOMP_RET_USER_NOTIF),
+    ])
+
+
+def trap_many_syscalls(count: int, register: Callable[[int, int], bytes]) -> list[int]:
+    """A child (uid 65534) installs foreign_filter(); `register(pid, listener)` hands its
+    listener to fhmon; then the child calls `count` different syscall numbers and returns
+    the errnos it got."""
+    parent, child = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        try:
+            parent.close()
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            fd = seccomp_filter.install(foreign_filter())
+            child.sendmsg([b"L"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                    array.array("i", [fd]))])
+            os.close(fd)
+            child.recv(1)  # registered
+            libc = ctypes.CDLL(None, use_errno=True)
+            errnos = array.array("i")
+            for nr in range(FIRST_FOREIGN_NR, FIRST_FOREIGN_NR + count):
+                libc.syscall(ctypes.c_long(nr))
+                errnos.append(ctypes.get_errno())
+            child.sendall(errnos.tobytes())
+        finally:
+            os._exit(0)
+    child.close()
+    try:
+        _, ancdata, _, _ = parent.recvmsg(16, socket.CMSG_SPACE(4))
+        listener = array.array("i", ancdata[0][2][:4])[0]
+        try:
+            answer = register(pid, listener)
+            assert b"accepted" in answer or answer, answer
+        finally:
+            os.close(listener)
+        parent.sendall(b"G")
+        parent.settimeout(60)
+        data = b""
+        while len(data) < 4 * count:
+            chunk = parent.recv(1 << 16)
+            if not chunk:
+                break
+            data += chunk
+        return list(array.array("i", data))
+    finally:
+        parent.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def test_a_foreign_filter_cannot_create_metric_series(metrics_endpoint: Endpoint,
+                                                      world: World, record: Recorder) -> None:
+    """Issue 17 item 6: a client registers a listener of its own filter and traps 3,000
+    different syscall numbers: each is answered ENOSYS, and /metrics keeps its fixed set of
+    series (they counted as 100,000 series, 9 MiB, before)."""
+    port = metrics_endpoint.port
+
+    def scrape_text() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+
+    def series() -> set[str]:
+        return {line.rpartition(" ")[0] for line in scrape_text().splitlines()
+                if line.startswith("fhmon_") and "_bucket{" not in line}
+
+    before = series()
+    count = 3000
+    errnos = trap_many_syscalls(count, lambda pid, fd: send_raw(
+        metrics_endpoint.service.socket, hello(str(world.main), pid), [fd]))
+    record.every(EXHAUSTION, f"{count} different syscall numbers trapped by a filter of the "
+                 "client's own, its listener registered with fhmon", "ENOSYS",
+                 [errname(e) for e in errnos] or ["no answer"])
+    text = scrape_text()
+    after = series()
+    new = sorted(after - before)
+    fixed = ('syscall="other"', 'reason="syscall_not_emulated"')
+    record(EXHAUSTION, f"/metrics after {count} different trapped syscall numbers",
+           "at most 4 new series (syscall=\"other\", reason=\"syscall_not_emulated\")",
+           f"{len(new)} new series, {len(text)} bytes: {', '.join(new)[:300]}",
+           ok=len(new) <= 4 and all(any(f in line for f in fixed) for line in new)
+           and len(text) < 64 * 1024)
+    record(EXHAUSTION, "their count under the fixed labels", f"{count}",
+           f"{metric_value(text, 'fhmon_confinement_refusals_total', 'syscall_not_emulated'):.0f}")
+
+
+def metric_value(text: str, name: str, reason: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{reason="{reason}"}}'):
+            return float(line.rpartition(" ")[2])
+    return 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -65,8 +66,10 @@ def test_metrics_logs_and_status(world: World) -> None:
         assert metric(text, "fhmon_calls_total", syscall="name_to_handle_at",
                       result="ENOENT") >= 1
         assert metric(text, "fhmon_mac_failures_total") >= 1
-        assert metric(text, "fhmon_confinement_refusals_total",
-                      reason="object outside the share") >= 1
+        assert metric(text, "fhmon_confinement_refusals_total", reason="outside_share") >= 1
+        assert "_created" not in text
+        assert metric(text, "fhmon_build_info") == 1
+        assert metric(text, "fhmon_key_info", signer="true") == 1
         assert metric(text, "fhmon_targets") == 1
         assert metric(text, "fhmon_call_duration_seconds_bucket", syscall="open_by_handle_at",
                       le="5e-05") >= 0
@@ -81,7 +84,8 @@ def test_metrics_logs_and_status(world: World) -> None:
         events = [json.loads(line) for line in lines]  # every line is one JSON object
         audit = [e for e in events if e.get("audit")]
         reasons = {e["reason"] for e in audit}
-        assert {"bad or foreign MAC", "object outside the share"} <= reasons
+        assert {"bad or foreign MAC", "object outside the share"} <= reasons  # human text
+        assert {"mac_invalid", "outside_share"} <= {e["code"] for e in audit}  # as in metrics
         for e in audit:
             assert {"tid", "tgid", "share", "syscall", "errno"} <= set(e), e
     finally:
@@ -273,4 +277,43 @@ def test_readyz_says_why_fhmon_cannot_take_targets(world: World, tmp_path: Path)
         assert http_get(port, "/ready")[0] == 404
     finally:
         broken.unlink(missing_ok=True)
+        service.stop()
+
+
+def test_keeper_metrics_count_deposits_and_restores(world: World) -> None:
+    """With a keeper configured: fhmon_keeper_deposits_total{outcome} and
+    fhmon_keeper_restored_total, made by a real keeper, a restart, and a keeper gone."""
+    keeper_path = str(world.base / "metrics-keeper.sock")
+    keeper = subprocess.Popen([FHMON, "keeper", "--socket", keeper_path],
+                              stderr=subprocess.DEVNULL)
+    assert wait_until(lambda: os.path.exists(keeper_path), timeout=15)
+    port = free_port()
+    service = Service(world.base, [str(world.shares / "*")], name="keeper-metrics",
+                      extra=["--keeper", keeper_path, "--metrics-address", f"127.0.0.1:{port}"])
+    agents: list[Agent] = []
+
+    def scraped() -> str:
+        return http_get(port, "/metrics")[1]
+
+    try:
+        agents.append(Agent(world, "runc", world.main, service.socket))
+        assert agents[0].call("n2h", path="file")["errno"] == 0
+        assert wait_until(lambda: metric(scraped(), "fhmon_keeper_deposits_total",
+                                         outcome="ok") == 1)
+        assert metric(scraped(), "fhmon_keeper_deposits_total", outcome="failed") == 0
+        service.stop(signal.SIGKILL)
+        service.start()  # takes the listener back from the keeper
+        assert metric(scraped(), "fhmon_keeper_restored_total") == 1
+        keeper.send_signal(signal.SIGTERM)
+        keeper.wait(timeout=10)
+        agents.append(Agent(world, "runc", world.main, service.socket))
+        assert agents[1].call("n2h", path="file")["errno"] == 0
+        assert wait_until(lambda: metric(scraped(), "fhmon_keeper_deposits_total",
+                                         outcome="failed") == 1)
+    finally:
+        for agent in agents:
+            agent.close()
+        if keeper.poll() is None:
+            keeper.kill()
+            keeper.wait()
         service.stop()
