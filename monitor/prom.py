@@ -16,6 +16,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -59,6 +60,8 @@ class Metrics:
                        registry=r)
         key_ok.set_function(lambda: 0 if service.key_error else 1)
         r.register(_InfoCollector(service))
+        # process_open_fds, process_max_fds, memory, CPU: for the FhmonFdsNearLimit alert
+        ProcessCollector(registry=r)
         self.keeper_deposits: Counter | None = None
         if service.config.keeper_socket:
             self.keeper_deposits = Counter(
