@@ -18,6 +18,10 @@ from monitor import linux
 from monitor.listener import Listener, NotificationGone
 from protocol import kernel
 
+# Out of fds or memory in fhmon while it answers: the kernel's own answer in that state,
+# given to the caller (never "the caller went away", which leaves the call unanswered).
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
 
 class SyscallError(Exception):
     """Answer the trapped call with this errno (positive)."""
@@ -391,9 +395,12 @@ class TargetThread:
             pidfd = linux.pidfd_open(self.tid, linux.PIDFD_THREAD)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
-                raise NotificationGone(self.tid) from None
+                raise self._resource_error(exc) from None
             thread_pidfd = False  # a kernel before PIDFD_THREAD (6.9)
-            pidfd = linux.pidfd_open(self.status.tgid)
+            try:
+                pidfd = linux.pidfd_open(self.status.tgid)
+            except OSError as exc:
+                raise self._resource_error(exc) from None
         try:
             ours = linux.pidfd_getfd(pidfd, fd)
         except OSError as exc:
@@ -408,8 +415,16 @@ class TargetThread:
     def _getfd_error(self, exc: OSError) -> Exception:
         """What a failed pidfd_getfd on the live notifying thread answers."""
         self.ensure_valid()
-        if exc.errno == errno.EBADF:
-            return SyscallError(errno.EBADF)
+        if exc.errno == errno.EBADF or exc.errno in RESOURCE_ERRNOS:
+            return SyscallError(exc.errno)
+        return NotificationGone(self.tid)
+
+    def _resource_error(self, exc: OSError) -> Exception:
+        """A failed pidfd_open or /proc open: out of fds or memory is answered (EMFILE,
+        ENFILE, ENOMEM) while the call is still waiting; anything else means it is gone."""
+        if exc.errno in RESOURCE_ERRNOS:
+            self.ensure_valid()
+            return SyscallError(exc.errno)
         return NotificationGone(self.tid)
 
     def known_mount_fd(self, fd: int) -> int | None:
@@ -442,8 +457,8 @@ class TargetThread:
     def _open_proc_link(self, name: str) -> int:
         try:
             fd = os.open(f"/proc/{self.tid}/{name}", os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            raise NotificationGone(self.tid) from None
+        except OSError as exc:
+            raise self._resource_error(exc) from None
         try:
             self.ensure_valid()
         except NotificationGone:
