@@ -280,6 +280,9 @@ class _Connection:
         while True:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
+                if self.h11.they_are_waiting_for_100_continue:  # curl does, for a body
+                    await self.stream.send_all(self.h11.send(
+                        h11.InformationalResponse(status_code=100, headers=[])) or b"")
                 await self.receive()  # at EOF h11 says ConnectionClosed or raises
                 continue
             if isinstance(event, h11.Request):

@@ -179,6 +179,22 @@ async def test_slow_request_gets_408_and_idle_connection_closes_silently() -> No
     assert statuses(await exchange(GET, half_close=False)) == [200]
 
 
+async def test_expect_100_continue_is_answered_before_the_body() -> None:
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(http._Connection(server, HANDLER, LIMITS).run)
+        await client.send_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+                              b"Expect: 100-continue\r\n\r\n")
+        with trio.fail_after(5):
+            assert (await client.receive_some()).startswith(b"HTTP/1.1 100 ")
+            await client.send_all(b"body")
+            received = b""
+            while not received.endswith(b"POST /echo 4"):
+                received += await client.receive_some()
+        assert received.startswith(b"HTTP/1.1 200 ")
+        await client.aclose()
+
+
 async def test_a_failing_handler_gets_500_and_the_connection_goes_on() -> None:
     got = await exchange(b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n" + GET)
     assert statuses(got) == [500, 200]
