@@ -6,7 +6,8 @@ Issue 17 found that 100 connections trickling bytes to the metrics port raised a
 target's p99 7-13x. This runs a real `fhmon serve --metrics-address` and a real target (uid
 65534 under fhmon's filter), and measures the target's p50/p99 over `--calls` lookups, in
 paired, interleaved repetitions: alone, then with an attacker (a thread of this process)
-holding `--connections` slowloris connections (one byte every 0.2 s, reopened when closed),
+holding `--connections` slowloris connections (one byte every `--interval` s, reopened when
+closed),
 and with an idle-connection flood. A control row runs the same slowloris attacker against a
 socket of this process that accepts nothing (the bytes wait in the kernel): what the
 attacker's own CPU (2 cores shared with fhmon and the target) costs the target. The ratios
@@ -55,6 +56,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--connections", type=int, default=100)
+    parser.add_argument("--interval", type=float, default=0.2,
+                        help="seconds between two bytes of one slowloris connection")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="fhmon-bench-http-", dir="/tmp"))
@@ -71,12 +74,14 @@ def main() -> None:
             control = socket.create_server(("127.0.0.1", 0), backlog=4096)
             for _ in range(args.reps):
                 rows["alone"].append(latency(agent, args.calls))
-                rows["slowloris"].append(under(Attacker(port, args.connections, trickle=True),
+                rows["slowloris"].append(under(Attacker(port, args.connections, trickle=True,
+                                                        interval=args.interval),
                                                agent, args.calls))
                 rows["flood"].append(under(Attacker(port, args.connections, trickle=False,
                                                     interval=0.05), agent, args.calls))
                 rows["control"].append(under(Attacker(control.getsockname()[1],
-                                                      args.connections, trickle=True),
+                                                      args.connections, trickle=True,
+                                                      interval=args.interval),
                                              agent, args.calls))
             control.close()
         finally:
@@ -84,7 +89,8 @@ def main() -> None:
             service.stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    result: dict[str, Any] = {"connections": args.connections, "calls": args.calls,
+    result: dict[str, Any] = {"connections": args.connections, "interval": args.interval,
+                              "calls": args.calls,
                               "reps": args.reps}
     alone = rows["alone"]
     print(f"{'':10} {'p50 ms':>8} {'p99 ms':>8} {'p99 ratio':>10}")

@@ -40,6 +40,7 @@ RECEIVE_SIZE = 16384
 # The share of the process's fd limit HTTP connections may take at most: the rest is the
 # data plane's (pidfds, opened files on their way into targets, listeners).
 FD_SHARE = 4
+PACE, SMALL_READ = 0.25, 1024  # see _Connection._read_request
 CLOSE_GRACE = 1.0  # time to flush a last answer (or TLS close_notify) before the fd goes
 
 
@@ -277,13 +278,21 @@ class _Connection:
     async def _read_request(self) -> Request | None:
         head: h11.Request | None = None
         body = bytearray()
+        small_reads = 0  # reads in a row that were small and left the request incomplete
         while True:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
                 if self.h11.they_are_waiting_for_100_continue:  # curl does, for a body
                     await self.stream.send_all(self.h11.send(
                         h11.InformationalResponse(status_code=100, headers=[])) or b"")
-                await self.receive()  # at EOF h11 says ConnectionClosed or raises
+                if small_reads >= 2:
+                    # A client trickling its request: read it at most every PACE seconds,
+                    # so that slowloris bytes do not wake fhmon's loop (which answers the
+                    # calls too) once per byte. A whole request, or one in two pieces, or
+                    # a body in full segments, is never paced.
+                    await trio.sleep(PACE)
+                got = await self.receive()  # at EOF h11 says ConnectionClosed or raises
+                small_reads = small_reads + 1 if 0 < got < SMALL_READ else 0
                 continue
             if isinstance(event, h11.Request):
                 head = event
@@ -316,11 +325,11 @@ class _Connection:
             else:  # pragma: no cover - h11 gives a server no other events
                 raise h11.RemoteProtocolError(f"unexpected {type(event).__name__}")
 
-    async def receive(self) -> bool:
-        """Feed h11 the next bytes; False at EOF."""
+    async def receive(self) -> int:
+        """Feed h11 the next bytes; how many (0 at EOF)."""
         data = await self.stream.receive_some(RECEIVE_SIZE)
         self.h11.receive_data(bytes(data))
-        return bool(data)
+        return len(data)
 
     async def answer(self, request: Request) -> Response:
         try:

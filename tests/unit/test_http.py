@@ -195,6 +195,36 @@ async def test_expect_100_continue_is_answered_before_the_body() -> None:
         await client.aclose()
 
 
+async def test_a_trickled_request_is_read_at_most_every_pace_seconds() -> None:
+    """Slowloris bytes must not wake the loop once per byte: after two small reads in a
+    row the server waits PACE before reading again (the request is still answered)."""
+    client, server = trio.testing.memory_stream_pair()
+    reads = 0
+    real_receive = server.receive_some
+
+    async def counted(max_bytes: int | None = None) -> bytes | bytearray:
+        nonlocal reads
+        reads += 1
+        return await real_receive(max_bytes)
+
+    server.receive_some = counted  # type: ignore[method-assign]
+    request = b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 60 + b"\r\n\r\n"
+    received = b""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(http._Connection(server, HANDLER, Limits(request_timeout=5)).run)
+        start = trio.current_time()
+        for byte in request:
+            await client.send_all(bytes([byte]))
+            await trio.sleep(0.01)
+        with trio.fail_after(5):
+            while b"GET /echo 0" not in received:
+                received += await client.receive_some()
+        elapsed = trio.current_time() - start
+        await client.aclose()
+    assert received.startswith(b"HTTP/1.1 200 ")
+    assert reads <= elapsed / http.PACE + 4, (reads, len(request), elapsed)
+
+
 async def test_a_failing_handler_gets_500_and_the_connection_goes_on() -> None:
     got = await exchange(b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n" + GET)
     assert statuses(got) == [500, 200]
