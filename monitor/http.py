@@ -303,6 +303,11 @@ class _Connection:
                 if size > self.limits.max_header_bytes:
                     raise h11.RemoteProtocolError("request head too large",
                                                   error_status_hint=431)
+                names = {name for name, _ in event.headers}
+                if b"content-length" in names and b"transfer-encoding" in names:
+                    # h11 lets chunked win; a message with both is a smuggling attempt
+                    # (RFC 9112 6.1): refuse it, as whatever sits in front might disagree
+                    raise h11.RemoteProtocolError("both Content-Length and Transfer-Encoding")
                 length = _content_length(event.headers)
                 if length is not None and length > self.limits.max_body_bytes:
                     raise _TooLarge

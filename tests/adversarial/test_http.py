@@ -150,9 +150,17 @@ def test_garbage_and_protocol_abuse_get_http_errors(metrics_endpoint: Endpoint,
         b"GET /metrics HTTP/1.1\r\nHo st: x\r\n\r\n",
         b"GET /met rics HTTP/1.1\r\nHost: x\r\n\r\n",
         b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: te",  # EOF mid-head
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost : x\r\n\r\n",
+        b"POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, identity\r\n\r\n",
+        b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: +0\r\n\r\n",
+        # request smuggling: both framings (h11 alone would take the chunked one)
+        b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
     ]
     record.every(FUZZING, "metrics endpoint: malformed HTTP requests (binary, TLS on the plain "
-                 "port, HTTP/0.9, bad framing, bad headers, EOF mid-head)", "HTTP 400",
+                 "port, HTTP/0.9, bad framing, bad headers, NUL, both Content-Length and "
+                 "Transfer-Encoding, EOF mid-head)", "HTTP 400",
                  [status_of(exchange(port, g)) for g in garbage])
     huge = [b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: " + b"a" * n + b"\r\n\r\n"
             for n in (9000, 20000, 70000)]

@@ -141,6 +141,8 @@ async def test_routing_404_405_and_head() -> None:
     b"GET /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
     b"\r\n\r\n\r\n",
     b"GET /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nab",  # EOF mid-body
+    b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",  # smuggling
 ])
 async def test_garbage_gets_400_and_close(garbage: bytes) -> None:
     assert statuses(await exchange(garbage)) == [400]
