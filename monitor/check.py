@@ -14,6 +14,7 @@ from monitor import linux, seccomp_filter, signing
 from protocol import kernel
 
 CAPS = {"CAP_DAC_READ_SEARCH": (2, "open_by_handle_at"),
+        "CAP_KILL": (5, "SIGSTOP/SIGCONT a target so calls a previous fhmon held trap again"),
         "CAP_SETGID": (6, "switch fsgid/groups to the target's for permission checks"),
         "CAP_SETUID": (7, "switch fsuid to the target's for permission checks"),
         "CAP_SYS_PTRACE": (19, "pidfd_getfd and process_vm_readv/writev on targets")}
@@ -111,7 +112,28 @@ def check_socket_dir(socket_path: str) -> Result:
     return Result("socket directory", True, f"{directory} mode {stat.S_IMODE(st.st_mode):o}")
 
 
-def run_checks(key_dir: str | None, socket_path: str | None) -> list[Result]:
+def check_allow(allow: list[str], key_dir: str | None) -> list[Result]:
+    """Allow globs fhmon serve would refuse (FAIL) or that match nothing yet (warn)."""
+    from monitor import config
+
+    results = []
+    for pattern in allow:
+        try:
+            config.apply(config.Config(), {"allow": [pattern]}, "--allow")
+            config.refuse_protected_glob(pattern, (key_dir or "",))
+        except config.ConfigError as exc:
+            results.append(Result(f"allow {pattern}", False, str(exc)))
+            continue
+        if config.unmatched_globs([pattern]):
+            results.append(Result(f"allow {pattern}", False, "matches no directory now: no "
+                                  "share can be registered under it (a typo?)", required=False))
+        else:
+            results.append(Result(f"allow {pattern}", True, "matches a directory"))
+    return results
+
+
+def run_checks(key_dir: str | None, socket_path: str | None,
+               allow: list[str] | None = None) -> list[Result]:
     steps: list[Callable[[], Result | list[Result]]] = [
         check_user_notif, check_addfd_send, check_sync_wakeup, check_pidfd_thread,
         check_capabilities]
@@ -119,6 +141,8 @@ def run_checks(key_dir: str | None, socket_path: str | None) -> list[Result]:
         steps.append(lambda: check_key_dir(key_dir))
     if socket_path:
         steps.append(lambda: check_socket_dir(socket_path))
+    if allow:
+        steps.append(lambda: check_allow(allow, key_dir))
     results: list[Result] = []
     for step in steps:
         out = step()

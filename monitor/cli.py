@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -14,6 +16,8 @@ import trio
 
 from monitor import __version__, log, signing
 from monitor import config as cfg
+
+DEFAULT_SOCKET = cfg.embedded_default().socket
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -25,31 +29,43 @@ def _serve(args: argparse.Namespace) -> int:
         value = getattr(args, key)
         if value is not None:
             overrides[key] = value
+    embedded = False
     try:
         if args.config:
             config = cfg.apply(cfg.Config(), cfg.load_file(args.config), args.config)
         elif not overrides.get("socket") and not overrides.get("key_dir"):
             config = cfg.embedded_default(args.state_dir)
-            _prepare_embedded(config)
+            embedded = True
         else:
             config = cfg.Config()
         config = cfg.finish(cfg.apply(config, overrides, "command line"))
     except cfg.ConfigError as exc:
         print(f"fhmon serve: {exc}", file=sys.stderr)
         return 2
-    if args.print_config:
+    if args.print_config:  # pure: creates nothing, generates no key
         sys.stdout.write(config.to_toml())
         return 0
-    log.setup(config.log_level)
     if os.geteuid() != 0:
         print("fhmon serve: must run as root (it needs CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, "
-              "CAP_SETUID, CAP_SETGID)", file=sys.stderr)
+              "CAP_SETUID, CAP_SETGID and CAP_KILL); try `sudo fhmon serve`, or "
+              "`fhmon serve --print-config` to see what it would use", file=sys.stderr)
         return 2
+    if embedded:
+        try:
+            _prepare_embedded(config)
+        except (OSError, signing.KeyDirError) as exc:
+            print(f"fhmon serve: cannot prepare {config.state_dir}: {exc}", file=sys.stderr)
+            return 1
+    log.setup(config.log_level)
     try:
         keys = signing.KeyRing.load(config.key_dir)
     except signing.KeyDirError as exc:
         print(f"fhmon serve: {exc}", file=sys.stderr)
         return 2
+    for pattern in cfg.unmatched_globs(config.allow):
+        log.event("allow_matches_nothing", logging.WARNING, glob=pattern,
+                  hint="no share can be registered under it until a directory matching it "
+                       "exists; check it for typos")
     service = Service(config, keys)
 
     async def main() -> None:
@@ -143,7 +159,16 @@ def _key(args: argparse.Namespace) -> int:
         if args.key_id is None:
             print(f"fhmon key {args.action}: give a key id", file=sys.stderr)
             return 2
+        if not re.fullmatch(r"[0-9a-fA-F]{8}", args.key_id):
+            print(f"fhmon key {args.action}: {args.key_id!r} is not a valid key id: give its "
+                  f"8 hex digits, as `fhmon key list --key-dir {args.key_dir}` shows them",
+                  file=sys.stderr)
+            return 2
         key_id = int(args.key_id, 16)
+        if not os.path.exists(os.path.join(args.key_dir, f"{key_id:08x}.key")):
+            print(f"fhmon key {args.action}: unknown key id {key_id:08x}: no "
+                  f"{key_id:08x}.key in {args.key_dir} (see `fhmon key list`)", file=sys.stderr)
+            return 1
         if args.action == "use":
             signing.set_signer(args.key_dir, key_id)
         else:
@@ -227,7 +252,7 @@ def _status(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from monitor.check import run_checks
 
-    results = run_checks(args.key_dir, args.socket)
+    results = run_checks(args.key_dir, args.socket, args.allow or [])
     width = max(len(r.name) for r in results)
     for r in results:
         mark = "ok  " if r.ok else ("FAIL" if r.required else "warn")
@@ -245,16 +270,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the monitor service (root, foreground)")
-    serve.add_argument("--socket")
-    serve.add_argument("--key-dir", dest="key_dir")
+    serve.add_argument("--socket", metavar="PATH",
+                       help="unix socket clients register on (plain `fhmon serve`: "
+                       f"{DEFAULT_SOCKET})")
+    serve.add_argument("--key-dir", dest="key_dir", metavar="DIR",
+                       help="directory of signing keys (`fhmon keygen` makes one)")
     serve.add_argument("--allow", action="append", metavar="GLOB",
-                       help="host directories that may be registered as share roots")
-    serve.add_argument("--config", help="TOML config file; flags override it")
-    serve.add_argument("--socket-mode", dest="socket_mode")
-    serve.add_argument("--socket-owner", dest="socket_owner")
-    serve.add_argument("--socket-group", dest="socket_group")
-    serve.add_argument("--log-level", dest="log_level")
-    serve.add_argument("--metrics-address", dest="metrics_address")
+                       help="host directories that may be registered as share roots "
+                       "(repeatable; /, system directories and key directories are refused)")
+    serve.add_argument("--config", metavar="FILE", help="TOML config file; flags override it")
+    serve.add_argument("--socket-mode", dest="socket_mode", metavar="OCTAL",
+                       help='socket permissions, e.g. 0600 (default) or 0660 with '
+                       '--socket-group; in TOML a string: socket_mode = "0660"')
+    serve.add_argument("--socket-owner", dest="socket_owner", metavar="USER",
+                       help="user (name or uid) owning the socket")
+    serve.add_argument("--socket-group", dest="socket_group", metavar="GROUP",
+                       help="group (name or gid) of the socket, for unprivileged clients")
+    serve.add_argument("--log-level", dest="log_level", metavar="LEVEL",
+                       help="debug, info (default), warning or error: JSON log lines on "
+                       "stderr from this level up")
+    serve.add_argument("--metrics-address", dest="metrics_address", metavar="HOST:PORT",
+                       help="serve Prometheus /metrics there (default: off)")
     serve.add_argument("--sandbox", action="store_const", const=True, default=None,
                        help="run fhmon itself under a seccomp allow-list after start-up")
     serve.add_argument("--keeper", dest="keeper_socket", metavar="SOCKET",
@@ -271,49 +307,76 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     keeper = sub.add_parser("keeper", help="hold listener copies across fhmon restarts")
-    keeper.add_argument("--socket", required=True)
-    keeper.add_argument("--log-level", dest="log_level", default="info")
+    keeper.add_argument("--socket", required=True, metavar="PATH",
+                        help="unix socket fhmon serve --keeper deposits listeners on")
+    keeper.add_argument("--log-level", dest="log_level", default="info", metavar="LEVEL",
+                        help="debug, info (default), warning or error")
     keeper.set_defaults(func=_keeper)
 
     keygen = sub.add_parser("keygen", help="add a signing key to a key directory")
-    keygen.add_argument("--key-dir", dest="key_dir", required=True)
+    keygen.add_argument("--key-dir", dest="key_dir", required=True, metavar="DIR",
+                        help="key directory (created 0700 if missing)")
     keygen.add_argument("--no-sign", action="store_true",
                         help="add the key for verification only (do not make it the signer)")
     keygen.set_defaults(func=_keygen)
 
     key = sub.add_parser("key", help="list keys, switch the signer, retire a key")
-    key.add_argument("action", choices=["list", "use", "retire"])
-    key.add_argument("key_id", nargs="?", help="8 hex digits")
-    key.add_argument("--key-dir", dest="key_dir", required=True)
+    key.add_argument("action", choices=["list", "use", "retire"],
+                     help="list the keys, make KEY_ID the signer, or remove KEY_ID")
+    key.add_argument("key_id", nargs="?", help="8 hex digits (use and retire)")
+    key.add_argument("--key-dir", dest="key_dir", required=True, metavar="DIR",
+                     help="key directory")
     key.set_defaults(func=_key)
 
     launch = sub.add_parser("launch", help="run CMD under the filter, registered with fhmon")
-    launch.add_argument("--socket", required=True)
-    launch.add_argument("--share", required=True)
-    launch.add_argument("--user", help="UID[:GID] to run CMD as")
-    launch.add_argument("command", nargs=argparse.REMAINDER)
+    launch.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
+                        help=f"fhmon's socket (default {DEFAULT_SOCKET}, as plain "
+                        f"`fhmon serve`)")
+    launch.add_argument("--share", required=True, metavar="DIR",
+                        help="the directory CMD shares (virtiofsd's --shared-dir); it must "
+                        "match one of fhmon's --allow globs")
+    launch.add_argument("--user", metavar="USER[:GROUP]",
+                        help="user and group (names or ids) to run CMD as")
+    launch.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+                        help="the command to run, usually virtiofsd with its full path")
     launch.set_defaults(func=_launch)
 
     check = sub.add_parser("check", help="report kernel support, capabilities, key and "
                            "socket dirs; exit non-zero naming what is missing")
-    check.add_argument("--key-dir", dest="key_dir")
-    check.add_argument("--socket")
+    check.add_argument("--key-dir", dest="key_dir", metavar="DIR",
+                       help="also check this key directory (keys load, modes private)")
+    check.add_argument("--socket", metavar="PATH",
+                       help="also check the directory this socket will be created in")
+    check.add_argument("--allow", action="append", metavar="GLOB",
+                       help="also check these allow globs (refused ones, ones matching "
+                       "nothing)")
     check.set_defaults(func=_check)
 
     for name, func, text in (("probe", _probe, "health check: exit 0 if fhmon answers"),
                              ("status", _status, "show registered targets and counters")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("--socket", required=True)
-        p.add_argument("--timeout", type=float, default=5.0)
+        p.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
+                       help=f"fhmon's socket (default {DEFAULT_SOCKET}, as plain "
+                       f"`fhmon serve`)")
+        p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                       help="give up after this long (default 5)")
         if name == "status":
-            p.add_argument("--json", action="store_true")
+            p.add_argument("--json", action="store_true", help="print JSON, for tools")
         p.set_defaults(func=func)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        code = int(args.func(args))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`fhmon status | head -1`): stop quietly, as a program that
+        # SIGPIPE killed would, and keep the interpreter from flushing into the pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    return code
 
 
 if __name__ == "__main__":

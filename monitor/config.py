@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import grp
+import os
 import pwd
 import tomllib
 from collections.abc import Callable
@@ -97,6 +98,10 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 
 def parse_mode(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        # TOML reads `660` as six hundred and sixty (0o1224), not as octal 0660.
+        raise ConfigError(f"config key {key!r}: write the mode as a string of octal digits, "
+                          f'e.g. {key} = "0660"; the TOML integer {value} is not read as octal')
     if isinstance(value, str):
         try:
             mode = int(value, 8)
@@ -163,6 +168,7 @@ def _validate(key: str, value: Any) -> Any:
                 _expect(key, item, str)
                 if not item.startswith("/"):
                     raise ConfigError(f"config key 'allow': {item!r} must be an absolute glob")
+                refuse_protected_glob(item, ())
             return list(items)
         case "socket_mode":
             return parse_mode(key, value)
@@ -198,6 +204,46 @@ def _validate(key: str, value: Any) -> Any:
     raise ConfigError(f"unknown config key {key!r}")
 
 
+# Share roots here would hand a guest the host's system files or kernel interfaces: an allow
+# glob that could name one of these, a directory above one, or anything inside one is refused.
+SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/root", "/boot", "/usr", "/bin", "/sbin",
+               "/lib", "/lib64")
+
+
+def _glob_may_name(pattern: str, protected: str, *, inside: bool) -> bool:
+    """Could `pattern` (per-component shell glob) match `protected`, a directory above it
+    or (when `inside`) a path below it?"""
+    import fnmatch
+
+    pat = [c for c in pattern.split("/") if c]
+    path = [c for c in protected.split("/") if c]
+    if len(pat) > len(path) and not inside:
+        return False
+    return all(fnmatch.fnmatchcase(p, g) for g, p in zip(pat, path, strict=False))
+
+
+def refuse_protected_glob(pattern: str, key_dirs: tuple[str, ...]) -> None:
+    """Refuse an allow glob that would let a share cover /, a system directory, fhmon's
+    state directory or a key directory."""
+    checks = [(d, True) for d in SYSTEM_DIRS] + [(DEFAULT_STATE_DIR, False)]
+    checks += [(d, True) for d in key_dirs if d]
+    for protected, inside in checks:
+        if _glob_may_name(pattern, protected, inside=inside):
+            what = ("the whole filesystem" if not pattern.strip("/")
+                    else f"{protected} (or a directory in or above it)")
+            raise ConfigError(f"config key 'allow': {pattern!r} would allow sharing {what}; "
+                              f"allow only the directories meant for virtiofs shares, e.g. "
+                              f"/srv/virtiofs/*")
+
+
+def unmatched_globs(allow: list[str]) -> list[str]:
+    """The allow globs that name no existing directory now (typos, or shares not yet made)."""
+    import glob
+
+    return [pattern for pattern in allow
+            if not any(os.path.isdir(m) for m in glob.glob(pattern))]
+
+
 def load_file(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as handle:
@@ -221,6 +267,8 @@ def finish(config: Config) -> Config:
                           f"config file), or run plain `fhmon serve` for the embedded default")
     if not config.allow:
         raise ConfigError("no --allow globs: nothing could ever be registered")
+    for pattern in config.allow:
+        refuse_protected_glob(pattern, (config.key_dir,))
     if config.socket_mode & 0o070 and config.socket_group is None:
         raise ConfigError("socket_mode gives group access but no socket_group is set")
     return config

@@ -14,7 +14,6 @@ is dropped from the effective, permitted, inheritable and bounding sets.
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Any
 
 from monitor import linux
@@ -25,7 +24,6 @@ CAP_SYS_PTRACE = 19
 KEPT = {CAP_DAC_READ_SEARCH: "CAP_DAC_READ_SEARCH", CAP_SYS_PTRACE: "CAP_SYS_PTRACE",
         CAP_SETUID: "CAP_SETUID", CAP_SETGID: "CAP_SETGID", CAP_KILL: "CAP_KILL"}
 PR_CAPBSET_DROP = 24
-PR_SET_KEEPCAPS = 8
 
 
 def _last_cap() -> int:
@@ -47,10 +45,6 @@ def drop_capabilities() -> list[str]:
     linux.capset_thread(keep, keep, 0)
     effective, permitted, _ = linux.capget_thread()
     return [name for cap, name in KEPT.items() if effective & (1 << cap)]
-
-
-def is_root() -> bool:
-    return os.geteuid() == 0
 
 
 def lock_down(*, drop_caps: bool, sandbox: bool) -> dict[str, dict[str, Any]]:

@@ -134,9 +134,9 @@ async def serve(handler: Handler, address: str, *, name: str, limits: Limits = L
     host, port = parse_address(address)
     try:
         listeners = await trio.open_tcp_listeners(port, host=host)
-    except OSError as e:
-        raise OSError(e.errno, f"cannot listen on the {name} address {address}: "
-                               f"{e.strerror or e}") from e
+    except OSError as e:  # the caller words it (strerror stays the kernel's)
+        e.add_note(f"cannot listen on the {name} address {address}")
+        raise
     server = _Server(handler, name, limits, ssl_context)
     bound = [tuple(listener.socket.getsockname()[:2]) for listener in listeners]
     log.event(f"{name}_serving", address=address, max_connections=server.cap)

@@ -222,6 +222,12 @@ async def _supervise(socket_path: str, share: str, pid: int, listener: int,
     if not isinstance(answer, native.Accept):
         raise LaunchError(f"fhmon answered {type(answer).__name__}, not ACCEPT")
     seccomp_filter.go(channel)
+    failed = seccomp_filter.exec_outcome(await _read_to_eof(channel))
+    if failed is not None:
+        code, command = failed
+        os.waitpid(pid, 0)
+        print(f"fhmon launch: {exec_failure_message(code, command)}", file=sys.stderr)
+        return seccomp_filter.exec_exit_status(code)
     pidfd = os.pidfd_open(pid)
     try:
         async with trio.open_nursery() as nursery:
@@ -236,6 +242,35 @@ async def _supervise(socket_path: str, share: str, pid: int, listener: int,
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
     return os.WEXITSTATUS(status)
+
+
+async def _read_to_eof(channel: socket.socket) -> bytes:
+    """Everything the child writes until its end closes (on exec, or when it exits)."""
+    data = b""
+    while True:
+        await trio.lowlevel.wait_readable(channel)
+        try:
+            chunk = channel.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+def exec_failure_message(code: int, command: str) -> str:
+    """One line for a command that could not be executed: errno name, path, and a hint."""
+    name = errno.errorcode.get(code, str(code))
+    text = f"cannot execute {command}: {name} ({os.strerror(code)})"
+    if code in (errno.ENOENT, errno.ENOTDIR):
+        where = "on PATH" if "/" not in command else "at that path"
+        text += (f"; not found {where}: is virtiofsd installed? Distributions put it in "
+                 f"/usr/libexec/virtiofsd, which is not on PATH, so give the full path")
+    elif code == errno.EACCES:
+        text += "; check that it is executable by the --user given and not on a noexec mount"
+    return text
 
 
 async def _forward_signals(pid: int) -> None:

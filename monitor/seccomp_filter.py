@@ -71,7 +71,7 @@ class FilterSetupError(Exception):
     """The child could not drop to its user or install the filter; the text says why."""
 
 
-_LISTENER, _ERROR, _GO = b"L", b"E", b"G"
+_LISTENER, _ERROR, _GO, _EXEC_FAILED = b"L", b"E", b"G", b"X"
 
 
 def fork_under_filter(user: tuple[int, int] | None = None, argv: list[str] | None = None,
@@ -80,6 +80,8 @@ def fork_under_filter(user: tuple[int, int] | None = None, argv: list[str] | Non
     its listener back; returns (pid, listener, channel). The child keeps no copy of the
     listener (a target holding its own could answer its own calls). It then waits on the
     channel: `go(channel)` makes it exec argv (when given); closing the channel ends it.
+    The child keeps its end open (close-on-exec) through execvp, so that a failed exec can
+    still be reported: see `exec_outcome`.
     """
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
@@ -96,10 +98,16 @@ def fork_under_filter(user: tuple[int, int] | None = None, argv: list[str] | Non
             os.close(listener)
             if child_end.recv(1) != _GO or argv is None:
                 os._exit(126 if argv else 0)  # the parent gave up, or nothing to run
-            child_end.close()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
                 signal.signal(sig, signal.SIG_DFL)
-            os.execvp(argv[0], argv)
+            try:
+                os.execvp(argv[0], argv)  # child_end is close-on-exec: EOF means it ran
+            except OSError as exc:
+                code = exc.errno or errno.ENOEXEC
+                with contextlib.suppress(OSError):
+                    child_end.sendall(_EXEC_FAILED + f"{code}\0{argv[0]}".encode(
+                        errors="surrogateescape"))
+                os._exit(exec_exit_status(code))
         except BaseException as exc:  # report to the parent, then die without cleanup
             with contextlib.suppress(OSError):
                 name = argv[0] if argv else "child"
@@ -126,3 +134,18 @@ def fork_under_filter(user: tuple[int, int] | None = None, argv: list[str] | Non
 def go(channel: socket.socket) -> None:
     """Let a fork_under_filter child exec its command."""
     channel.sendall(_GO)
+
+
+def exec_exit_status(code: int) -> int:
+    """A shell's convention: 127 when the command is not there, 126 when it cannot run."""
+    return 127 if code in (errno.ENOENT, errno.ENOTDIR) else 126
+
+
+def exec_outcome(data: bytes) -> tuple[int, str] | None:
+    """What the child's end of the channel said after `go`: None if the command runs
+    (the channel closed on exec), else (errno, the command) for a failed execvp."""
+    if not data.startswith(_EXEC_FAILED):
+        return None
+    code, _, command = data[1:].partition(b"\0")
+    return (int(code) if code.isdigit() else errno.ENOEXEC,
+            command.decode(errors="replace"))

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from monitor import fdpass, log
+from monitor import fdpass, linux, log
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.config import Config
 from monitor.credentials import acting_as
@@ -50,6 +50,10 @@ RECV_CHUNK = 64 * 1024
 WORKER_START_TIMEOUT = 30.0  # seconds for every worker to load its keys and lock down
 
 
+class MetricsAddressError(OSError):
+    """The --metrics-address cannot be bound; the message names it."""
+
+
 class Service:
     def __init__(self, config: Config, keys: KeyRing) -> None:
         self.config = config
@@ -66,6 +70,7 @@ class Service:
         self.key_error: str | None = None
         self.activated = False  # the socket came from systemd: leave it in place
         self.accepting = False  # the intake's accept loop runs (/readyz)
+        self.created_socket_dir: str | None = None
         self._dispatch: DispatchThread | None = None
         self._workers: list[WorkerProcess] = []
 
@@ -142,6 +147,8 @@ class Service:
             return activated
         path = self.config.socket
         directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory):
+            self.created_socket_dir = directory  # removed again when fhmon stops
         os.makedirs(directory, mode=0o755, exist_ok=True)
         st = os.stat(directory)
         if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
@@ -157,10 +164,16 @@ class Service:
             pass
         raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         old_umask = os.umask(0o177)  # the socket is born 0600; chmod widens it if configured
+        # Born with its group, too: a new inode takes the creator's fsgid, so socket_group
+        # needs CAP_SETGID (kept anyway), not CAP_CHOWN, which the DaemonSet does not grant.
+        old_fsgid = (linux.setfsgid(self.config.socket_group)
+                     if self.config.socket_group is not None else None)
         try:
             raw.bind(path)
         finally:
             os.umask(old_umask)
+            if old_fsgid is not None:
+                linux.setfsgid(old_fsgid)
         sock = trio.socket.from_stdlib_socket(raw)
         os.chown(path, self.config.socket_owner if self.config.socket_owner is not None else -1,
                  self.config.socket_group if self.config.socket_group is not None else -1)
@@ -205,7 +218,13 @@ class Service:
                 if self.config.metrics_address:
                     from monitor.prom import serve_http
 
-                    await nursery.start(serve_http, self.metrics, self.config.metrics_address)
+                    try:
+                        await nursery.start(serve_http, self.metrics,
+                                            self.config.metrics_address)
+                    except OSError as exc:  # the socket above is removed in `finally`
+                        raise MetricsAddressError(
+                            f"metrics address {self.config.metrics_address} (--metrics-address)"
+                            f": {exc.strerror or exc}") from None
                 if self.config.keeper_socket:
                     await self.restore_from_keeper(nursery)
                 log.event("serving", socket=self.config.socket, key_dir=self.config.key_dir,
@@ -239,6 +258,9 @@ class Service:
             if not self.activated:
                 with contextlib.suppress(OSError):
                     os.unlink(self.config.socket)
+                if self.created_socket_dir is not None:
+                    with contextlib.suppress(OSError):  # only if empty
+                        os.rmdir(self.created_socket_dir)
             log.event("shutdown", counters=self.stats.as_dict(),
                       refusals=dict(self.stats.refusals),
                       registrations=dict(self.stats.registrations),

@@ -160,6 +160,7 @@ def _read_key(path: Path) -> bytes:
         raise KeyDirError(f"cannot read key {path}: {exc}") from None
     if st.st_mode & 0o022 and not _read_only_mount(path.parent):
         raise KeyDirError(f"key {path} is writable by group or others; chmod 0600 it")
+    _refuse_readable_by_others(path, st)
     try:
         key = bytes.fromhex(text)
     except ValueError:
@@ -167,6 +168,15 @@ def _read_key(path: Path) -> bytes:
     if len(key) < MIN_KEY_BYTES:
         raise KeyDirError(f"key {path} has {len(key)} bytes; at least {MIN_KEY_BYTES} needed")
     return key
+
+
+def _refuse_readable_by_others(path: Path, st: os.stat_result) -> None:
+    """A key anyone else can read lets them forge handles: only the owner may read it.
+    (A Kubernetes Secret volume gets this with defaultMode: 0400.)"""
+    if st.st_mode & 0o044:
+        raise KeyDirError(f"key {path} is readable by group or others (mode "
+                          f"{stat.S_IMODE(st.st_mode):04o}): anyone who reads it can forge "
+                          f"handles; run `chmod 0600 {path}`")
 
 
 def _read_only_mount(path: Path) -> bool:

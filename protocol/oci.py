@@ -79,9 +79,6 @@ def try_parse(buffer: bytes) -> ContainerProcessState | None:
     return validate(value)
 
 
-_TRUNCATION_SLACK = 6  # the longest token a cut can split: a \uXXXX escape, or "false"
-
-
 def _incomplete(text: str, exc: json.JSONDecodeError) -> bool:
     """A decode error within the last token of the text means more bytes may still come.
 

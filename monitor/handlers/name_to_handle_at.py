@@ -19,9 +19,6 @@ from monitor.policy import check_resolved
 from monitor.target import SyscallError, TargetThread
 from protocol import kernel, signed_handle
 
-KNOWN_FLAGS = (kernel.AT_SYMLINK_FOLLOW | kernel.AT_EMPTY_PATH | kernel.AT_HANDLE_FID
-               | kernel.AT_HANDLE_MNT_ID_UNIQUE | kernel.AT_HANDLE_CONNECTABLE)
-
 
 def probe_kernel_flags() -> int:
     """The flags this kernel's name_to_handle_at accepts (EINVAL for the others)."""

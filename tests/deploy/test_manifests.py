@@ -879,9 +879,117 @@ def test_daemonset_scheduling_and_resources(daemonset: dict[str, Any]) -> None:
     for c in all_containers(spec):
         assert c["resources"] == {
             "requests": {"cpu": "50m", "memory": "64Mi"},
-            "limits": {"cpu": "500m", "memory": "256Mi"},
+            "limits": {"memory": "256Mi"},
         }, c["name"]
     assert spec["automountServiceAccountToken"] is False
+
+
+def check_like_virt_handler(ds: dict[str, Any]) -> list[str]:
+    """What KubeVirt's own node agent does and fhmon's DaemonSet must do too."""
+    problems: list[str] = []
+    template = ds["spec"]["template"]
+    spec = template["spec"]
+    for c in all_containers(spec):
+        limits = c.get("resources", {}).get("limits", {})
+        if "cpu" in limits:
+            problems.append(f"{c['name']}: a CPU limit throttles the guests' syscall path")
+        if "cpu" not in c.get("resources", {}).get("requests", {}):
+            problems.append(f"{c['name']}: no CPU request")
+        if c.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+            problems.append(f"{c['name']}: terminationMessagePolicy is not "
+                            f"FallbackToLogsOnError")
+    if template["metadata"].get("labels", {}).get("prometheus.kubevirt.io") != "true":
+        problems.append('pod label prometheus.kubevirt.io: "true" missing')
+    if spec.get("nodeSelector", {}).get("kubernetes.io/os") != "linux":
+        problems.append("nodeSelector kubernetes.io/os: linux missing")
+    return problems
+
+
+def check_init_matches_server(ds: dict[str, Any]) -> list[str]:
+    """The init container checks the key directory, socket and globs the server uses."""
+    spec = ds["spec"]["template"]["spec"]
+    (init,) = [c for c in spec.get("initContainers", []) if c["name"] == "check"]
+    args = init.get("args", [])
+    if args[:1] != ["check"]:
+        return ["the init container does not run `fhmon check`"]
+    flags, rest = parse_flags(args[1:], {"--key-dir", "--socket", "--allow"})
+    problems = [f"unexpected check arguments {rest}"] if rest else []
+    served = ds_flags(ds)
+    for flag in ("--key-dir", "--socket", "--allow"):
+        if flags.get(flag) != served.get(flag):
+            problems.append(f"check {flag} {flags.get(flag)} != serve {flag} "
+                            f"{served.get(flag)}")
+    mounts = {(m["name"], m["mountPath"]) for m in init.get("volumeMounts", [])}
+    server_mounts = {(m["name"], m["mountPath"]) for m in fhmon_container(ds)["volumeMounts"]}
+    for path in (flags.get("--key-dir", [""])[0], flags.get("--socket", [""])[0]):
+        if not any(path.startswith(mp + "/") and (n, mp) in server_mounts for n, mp in mounts):
+            problems.append(f"the init container does not mount {path} as the server does")
+    return problems
+
+
+def check_rolling_update(ds: dict[str, Any], containerfile: str) -> list[str]:
+    """A rolling upgrade is SIGTERM to the old fhmon, then a new one (what
+    tests/kernel/test_rolling_upgrade.py plays); one node at a time, never two at once."""
+    problems: list[str] = []
+    strategy = ds["spec"].get("updateStrategy", {})
+    if strategy.get("type") != "RollingUpdate":
+        problems.append(f"updateStrategy {strategy.get('type')}, not RollingUpdate")
+    rolling = strategy.get("rollingUpdate", {})
+    if rolling.get("maxUnavailable") != 1:
+        problems.append("rollingUpdate.maxUnavailable is not 1")
+    if rolling.get("maxSurge", 0) != 0:
+        problems.append("rollingUpdate.maxSurge would run two fhmon on one node's socket")
+    if "lifecycle" in fhmon_container(ds):
+        problems.append("a lifecycle hook changes how fhmon is stopped")
+    if re.search(r"(?im)^\s*STOPSIGNAL\b", containerfile):
+        problems.append("the image's STOPSIGNAL is not SIGTERM")
+    if ds["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30) < 10:
+        problems.append("terminationGracePeriodSeconds leaves fhmon no time to close")
+    return problems
+
+
+def test_daemonset_like_virt_handler(daemonset: dict[str, Any]) -> None:
+    assert check_like_virt_handler(daemonset) == []
+
+
+def test_daemonset_init_checks_what_the_server_uses(daemonset: dict[str, Any]) -> None:
+    assert check_init_matches_server(daemonset) == []
+
+
+def test_daemonset_rolls_one_node_at_a_time_with_sigterm(daemonset: dict[str, Any]) -> None:
+    assert check_rolling_update(daemonset, CONTAINERFILE.read_text()) == []
+
+
+@pytest.mark.parametrize("breakage", ["cpu-limit", "policy", "label", "os", "init-key-dir",
+                                      "init-socket", "on-delete", "surge", "prestop"])
+def test_operating_checks_catch_a_broken_copy(daemonset: dict[str, Any], breakage: str) -> None:
+    ds = copy.deepcopy(daemonset)
+    spec = ds["spec"]["template"]["spec"]
+    server = fhmon_container(ds)
+    (init,) = spec["initContainers"]
+    match breakage:
+        case "cpu-limit":
+            server["resources"]["limits"]["cpu"] = "500m"
+        case "policy":
+            del spec["containers"][-1]["terminationMessagePolicy"]
+        case "label":
+            del ds["spec"]["template"]["metadata"]["labels"]["prometheus.kubevirt.io"]
+        case "os":
+            del spec["nodeSelector"]
+        case "init-key-dir":
+            init["args"] = [a for a in init["args"] if not a.startswith("/etc/fhmon")]
+            init["args"].remove("--key-dir")
+        case "init-socket":
+            init["args"][init["args"].index("--socket") + 1] = "/run/other.sock"
+        case "on-delete":
+            ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
+        case "surge":
+            ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] = 1
+        case "prestop":
+            server["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "5"]}}}
+    problems = (check_like_virt_handler(ds) + check_init_matches_server(ds)
+                + check_rolling_update(ds, CONTAINERFILE.read_text()))
+    assert problems, breakage
 
 
 def test_key_secret_mode_is_private(daemonset: dict[str, Any]) -> None:
@@ -972,7 +1080,7 @@ def test_containerfile(daemonset: dict[str, Any]) -> None:
     instructions = containerfile_instructions(CONTAINERFILE.read_text())
     assert instructions[0][0] == "FROM"
     froms = [rest.split()[0] for op, rest in instructions if op == "FROM"]
-    allowed = r"python:3\.1[1-9]-slim-bookworm|debian:bookworm-slim"
+    allowed = r"(python:3\.1[1-9]-slim-bookworm|debian:bookworm-slim)(@sha256:[0-9a-f]{64})?"
     assert froms and all(re.fullmatch(allowed, f) for f in froms)
     ops = dict(instructions)  # last one of each wins, as in the image
     assert json.loads(ops["ENTRYPOINT"]) == ["fhmon"]
@@ -1001,7 +1109,7 @@ def test_systemd_unit(unit: configparser.ConfigParser, daemonset: dict[str, Any]
     service = unit["Service"]
     assert service["NoNewPrivileges"] == "yes"
     assert service["RuntimeDirectory"] == "fhmon"
-    assert shlex.split(service["ExecStartPre"])[1:] == ["check"]
+    assert shlex.split(service["ExecStartPre"])[1:2] == ["check"]
     assert unit["Install"]["WantedBy"] == "multi-user.target"
 
 
@@ -1022,7 +1130,7 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     stub.write_text("#!/bin/sh\nexit 0\n")
     stub.chmod(0o755)
     unit = tmp_path / "fhmon.service"
-    unit.write_text(SERVICE_UNIT.read_text().replace("/usr/local/bin/fhmon", str(stub)))
+    unit.write_text(SERVICE_UNIT.read_text().replace(f"{SYSTEMD_PREFIX}/bin/fhmon", str(stub)))
     result = subprocess.run(
         ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=120
     )
@@ -1271,3 +1379,335 @@ def test_keeper_container_serves_the_socket_fhmon_deposits_to(
     assert keeper["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     mounts = {m["mountPath"] for m in keeper["volumeMounts"]}
     assert any(keeper_socket.startswith(path + "/") for path in mounts)
+
+
+# --------------------------------------------------------------------------------------------
+# Operating it: capability lists and the documented key rotation
+
+
+def documented_capability_sets() -> dict[str, set[str]]:
+    """Every place that lists fhmon's capabilities, as CAP_ names."""
+    from monitor import check, hardening
+
+    ds = yaml.safe_load((BASE / "daemonset.yaml").read_text())
+    spec = ds["spec"]["template"]["spec"]
+    sets = {"monitor/hardening.py KEPT": set(hardening.KEPT.values()),
+            "monitor/check.py CAPS": set(check.CAPS)}
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        add = c.get("securityContext", {}).get("capabilities", {}).get("add")
+        if add:
+            sets[f"daemonset.yaml {c['name']}"] = {f"CAP_{a}" for a in add}
+    unit_text = SERVICE_UNIT.read_text()
+    (bounding,) = re.findall(r"(?m)^CapabilityBoundingSet=(.*)$", unit_text)
+    sets["fhmon.service CapabilityBoundingSet"] = set(bounding.split())
+    sets["fhmon.service comment"] = set(re.findall(r"(?m)^#\s+(CAP_[A-Z_]+)\s", unit_text))
+    names = "|".join(sorted({n.removeprefix("CAP_") for n in hardening.KEPT.values()}
+                            | {"CHOWN", "DAC_OVERRIDE", "SYS_ADMIN", "FOWNER"}))
+    cf = re.search(r"capabilities fhmon needs \(([^)]*)\)", CONTAINERFILE.read_text())
+    assert cf, "the Containerfile no longer says which capabilities fhmon needs"
+    sets["Containerfile comment"] = {f"CAP_{n}" for n in re.findall(names, cf.group(1))}
+    for doc in ("deploy.md", "operations.md"):
+        text = (REPO / "docs" / doc).read_text()
+        for para in re.split(r"\n\s*\n", text):
+            if re.search(r"(capabilities|bounding set|keeps only)", para, re.I):
+                found = set(re.findall(r"CAP_(?:" + names + r")\b", para))
+                if len(found) >= 3:  # a paragraph that lists them
+                    sets[f"docs/{doc}: {para.strip()[:40]}..."] = found
+    return sets
+
+
+def test_every_capability_list_is_the_same() -> None:
+    sets = documented_capability_sets()
+    expected = {"CAP_DAC_READ_SEARCH", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+                "CAP_SYS_PTRACE"}
+    assert {f"CAP_{c}" for c in CAPABILITIES} == expected
+    assert sum(1 for name in sets if name.startswith("docs/deploy.md")) >= 2
+    wrong = {name: sorted(found) for name, found in sets.items() if found != expected}
+    assert not wrong, wrong
+
+
+def fake_cluster(tmp_path: Path) -> dict[str, str]:
+    """PATH with a `kubectl` that keeps one Secret in a file: create/replace store it, get
+    renders it with the real kubectl's go-template (offline, through create --dry-run)."""
+    real = shutil.which("kubectl")
+    if real is None:
+        pytest.skip("kubectl is not installed")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    store = tmp_path / "secret.yaml"
+    script = bindir / "kubectl"
+    script.write_text(f'''#!{sys.executable}
+import base64, os, subprocess, sys, tempfile, yaml
+REAL, STORE = {str(real)!r}, {str(store)!r}
+args = sys.argv[1:]
+if args[:2] == ["replace", "-f"] and args[2] == "-":
+    open(STORE, "w").write(sys.stdin.read()); sys.exit(0)
+if args[:2] == ["create", "secret"] and "--dry-run=client" not in args:
+    out = subprocess.run([REAL, *args, "--dry-run=client", "-o", "yaml"], check=True,
+                         capture_output=True, text=True).stdout
+    open(STORE, "w").write(out); sys.exit(0)
+if args[:4] == ["-n", "kubevirt", "get", "secret"] and args[4] == "fhmon-keys":
+    data = yaml.safe_load(open(STORE))["data"]
+    with tempfile.TemporaryDirectory() as d:
+        for name, value in data.items():
+            open(os.path.join(d, name), "wb").write(base64.b64decode(value))
+        os.execv(REAL, [REAL, "create", "secret", "generic", "fhmon-keys", "-n", "kubevirt",
+                        f"--from-file={{d}}/", "--dry-run=client", *args[5:]])
+os.execv(REAL, [REAL, *args])
+''')
+    script.chmod(0o755)
+    fhmon_bin = Path(sys.executable).parent
+    return {**os.environ, "PATH": f"{bindir}:{fhmon_bin}:/usr/bin:/bin", "STORE": str(store)}
+
+
+def doc_block(after: str) -> str:
+    text = DOCS.read_text()
+    start = text.index(after)
+    block = re.search(r"```sh\n(.*?)```", text[start:], re.S)
+    assert block, f"no sh block after {after!r}"
+    return block.group(1)
+
+
+def test_documented_key_setup_and_rotation_run(tmp_path: Path) -> None:
+    """docs/deploy.md's commands, run as written against a one-Secret fake cluster."""
+    from monitor import signing
+
+    env = fake_cluster(tmp_path)
+    setup = doc_block("2. Create the signing keys once")
+    setup = "\n".join(line.strip() for line in setup.splitlines())
+    rotation = doc_block("### Key rotation")
+    keygen = "fhmon keygen --no-sign --key-dir ./fhmon-keys"
+    assert rotation.count(keygen) == 1 and rotation.count("OLDID") == 1
+    rotation = rotation.replace(keygen, f"NEWID=$({keygen})")
+    rotation = rotation.replace("NEWID --key-dir", '"$NEWID" --key-dir')
+    rotation = rotation.replace("retire OLDID", 'retire "$OLDID"')
+    script = ("set -euo pipefail\n" + setup
+              + '\nOLDID=$(python3 -c "import yaml,base64,os; print(base64.b64decode('
+              "yaml.safe_load(open(os.environ['STORE']))['data']['signing-key-id'])"
+              '.decode().strip())")\n' + rotation
+              + '\necho "old=$OLDID new=$NEWID"\n')
+    res = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    old, new = re.findall(r"old=(\w+) new=(\w+)", res.stdout)[0]
+    assert old != new
+    assert not (tmp_path / "fhmon-keys").exists()  # the docs remove the local copy again
+    secret = yaml.safe_load((tmp_path / "secret.yaml").read_text())
+    volume = tmp_path / "volume"
+    files = {name: __import__("base64").b64decode(v) for name, v in secret["data"].items()}
+    secret_volume_layout(volume, files, 0o400)
+    ring = signing.KeyRing.load(volume / SECRET_DATA)
+    assert ring.key_ids == (int(new, 16),) and ring.signer == int(new, 16)
+    assert f"{old}.key" not in secret["data"]
+
+
+# --------------------------------------------------------------------------------------------
+# systemd: the documented install, and the socket across a stop
+
+SYSTEMD_PREFIX = "/opt/fhmon"  # docs/deploy.md's venv; the unit runs its bin/fhmon
+
+
+def socket_unit_config() -> configparser.ConfigParser:
+    parsed = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    parsed.optionxform = str  # type: ignore[assignment,method-assign]
+    parsed.read_string((DEPLOY / "systemd" / "fhmon.socket").read_text())
+    return parsed
+
+
+def check_systemd_units(service_text: str, socket_text: str) -> list[str]:
+    """The socket outlives a service stop; both units run the venv's fhmon on one path."""
+    problems: list[str] = []
+    unit_cfg = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    unit_cfg.optionxform = str  # type: ignore[assignment,method-assign]
+    unit_cfg.read_string(service_text)
+    sock_cfg = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    sock_cfg.optionxform = str  # type: ignore[assignment,method-assign]
+    sock_cfg.read_string(socket_text)
+    service, sock = unit_cfg["Service"], sock_cfg["Socket"]
+    for key in ("ExecStart", "ExecStartPre"):
+        binary = shlex.split(service.get(key, ""))[:1]
+        if binary != [f"{SYSTEMD_PREFIX}/bin/fhmon"]:
+            problems.append(f"{key} runs {binary}, not the documented venv's fhmon")
+    listen = PurePosixPath(sock.get("ListenStream", ""))
+    runtime = service.get("RuntimeDirectory", "")
+    if runtime and listen.parent == PurePosixPath("/run") / runtime and service.get(
+            "RuntimeDirectoryPreserve", "no") != "yes":
+        problems.append(f"{listen} is in RuntimeDirectory=/run/{runtime}, which systemd "
+                        f"removes when fhmon.service stops (RuntimeDirectoryPreserve=no)")
+    argv = shlex.split(service.get("ExecStart", ""))
+    if "--socket" in argv and argv[argv.index("--socket") + 1] != str(listen):
+        problems.append("fhmon.socket listens elsewhere than fhmon serve --socket")
+    if sock.get("Service", "fhmon.service") != "fhmon.service":
+        problems.append("fhmon.socket activates another service")
+    pre = shlex.split(service.get("ExecStartPre", ""))
+    if pre[1:2] != ["check"]:
+        problems.append("ExecStartPre does not run fhmon check")
+    else:
+        checked, unknown = parse_flags(pre[2:], {"--key-dir", "--socket", "--allow"})
+        if unknown:
+            problems.append(f"ExecStartPre check: unexpected {unknown}")
+        served, _ = serve_flags(argv[1:])
+        for flag in ("--key-dir", "--socket", "--allow"):
+            if checked.get(flag) != served.get(flag):
+                problems.append(f"ExecStartPre check {flag} {checked.get(flag)} != serve "
+                                f"{served.get(flag)}")
+    return problems
+
+
+def test_systemd_units_agree_and_keep_the_socket() -> None:
+    assert check_systemd_units(SERVICE_UNIT.read_text(),
+                               (DEPLOY / "systemd" / "fhmon.socket").read_text()) == []
+
+
+def test_systemd_checks_catch_a_broken_copy() -> None:
+    service, sock = SERVICE_UNIT.read_text(), (DEPLOY / "systemd" / "fhmon.socket").read_text()
+    assert check_systemd_units(service.replace("RuntimeDirectoryPreserve=yes\n", ""), sock)
+    assert check_systemd_units(service.replace(f"{SYSTEMD_PREFIX}/bin/fhmon serve",
+                                               "/usr/local/bin/fhmon serve"), sock)
+    assert check_systemd_units(service, sock.replace("/run/fhmon/fhmon.sock",
+                                                     "/run/other.sock"))
+    assert check_systemd_units(service.replace("check --key-dir /etc/fhmon/keys",
+                                               "check --key-dir /etc/other"), sock)
+
+
+def test_documented_systemd_install_runs(tmp_path: Path) -> None:
+    """docs/deploy.md's install block, run for real up to keygen with the system Python
+    (a venv, pip from PyPI), paths moved under tmp_path; then systemd-analyze verifies the
+    unit with the venv's real fhmon in ExecStart."""
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if system_python is None:
+        pytest.skip("no system python3")
+    block = doc_block("## Hosts without Kubernetes (systemd)")
+    assert f"python3 -m venv {SYSTEMD_PREFIX}" in block
+    assert not re.search(r"(?m)^pip install", block), "a system-wide pip install fails on PEP 668"
+    root = tmp_path / "root"
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis",
+        "target", "results"))
+    lines = []
+    for line in block.splitlines():
+        command = line.split("  #")[0].strip()
+        if not command or command.startswith(("apt-get", "systemctl", "install ")):
+            continue  # packages, and the live system's systemd: not here
+        for path in (SYSTEMD_PREFIX, "/usr/local/bin", "/etc/fhmon"):
+            command = command.replace(path, f"{root}{path}")
+        lines.append(command)
+    (root / "usr" / "local" / "bin").mkdir(parents=True)
+    script = "set -euo pipefail\n" + "\n".join(lines) + "\n"
+    env = {"PATH": f"{root}/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path),
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    res = subprocess.run(["bash", "-c", script], cwd=source, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    venv_fhmon = root / SYSTEMD_PREFIX.lstrip("/") / "bin" / "fhmon"
+    assert venv_fhmon.exists()
+    keys = list((root / "etc" / "fhmon" / "keys").glob("*.key"))
+    assert len(keys) == 1 and keys[0].stat().st_mode & 0o077 == 0
+    if shutil.which("systemd-analyze") is not None:
+        unit = tmp_path / "fhmon.service"
+        unit.write_text(SERVICE_UNIT.read_text().replace(f"{SYSTEMD_PREFIX}/bin/fhmon",
+                                                         str(venv_fhmon)))
+        verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
+                                text=True, timeout=120)
+        assert verify.returncode == 0 and "fhmon.service" not in verify.stderr, verify.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Container image: the base pinned by digest, the dependencies locked with hashes
+
+LOCK = DEPLOY / "requirements.lock"
+
+
+def lock_entries(text: str) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of a pip-compile --generate-hashes file."""
+    joined = re.sub(r"\\\n", " ", text)
+    out = {}
+    for line in joined.splitlines():
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        spec, *options = line.split()
+        name, _, version = spec.partition("==")
+        hashes = [o.removeprefix("--hash=sha256:") for o in options
+                  if o.startswith("--hash=sha256:")]
+        out[re.sub(r"[-_.]+", "-", name).lower()] = (version, hashes)
+    return out
+
+
+def check_locked_image(containerfile: str, lock: str, pyproject: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    instructions = containerfile_instructions(containerfile)
+    for op, rest in instructions:
+        if op == "FROM" and not re.search(r"@sha256:[0-9a-f]{64}(\s|$)", rest):
+            problems.append(f"FROM {rest}: not pinned by digest")
+    entries = lock_entries(lock)
+    for name, (version, hashes) in entries.items():
+        if not re.fullmatch(r"[0-9][0-9A-Za-z.+!]*", version):
+            problems.append(f"{name}: not pinned to one version ({version!r})")
+        if not hashes or not all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes):
+            problems.append(f"{name}: no sha256 hashes")
+    for dep in pyproject["project"]["dependencies"]:
+        name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!~ ;\[]", dep, maxsplit=1)[0]).lower()
+        if name not in entries:
+            problems.append(f"dependency {name} is not in deploy/requirements.lock: run "
+                            f"scripts/lock-deps.sh")
+    runs = [rest for op, rest in instructions if op == "RUN" and re.search(r"\bpip\b", rest)]
+    for run in runs:
+        for command in re.split(r"&&|;", run):
+            words = command.split()
+            if words[:1] != ["pip"] or words[1:2] not in (["install"], ["wheel"]):
+                continue
+            locked = "--require-hashes" in words and "-r" in words
+            own = "--no-deps" in words and (words[-1] == "." or words[-1].startswith(
+                "/wheels/fhmon-"))
+            if not (locked or own):
+                problems.append(f"unlocked install: {command.strip()}")
+    return problems
+
+
+def test_image_is_pinned_and_locked() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert check_locked_image(CONTAINERFILE.read_text(), LOCK.read_text(), pyproject) == []
+
+
+def test_lock_checks_catch_a_broken_copy() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    cf, lock = CONTAINERFILE.read_text(), LOCK.read_text()
+    assert check_locked_image(re.sub(r"@sha256:[0-9a-f]{64}", "", cf, count=1), lock,
+                              pyproject)
+    assert check_locked_image(cf.replace("--require-hashes", ""), lock, pyproject)
+    assert check_locked_image(cf, re.sub(r"(?m)^trio==\S+", "trio>=0.25", lock), pyproject)
+    assert check_locked_image(cf, re.sub(r"(?ms)^trio==.*?(?=^\S|\Z)", "", lock), pyproject)
+    more = copy.deepcopy(pyproject)
+    more["project"]["dependencies"].append("no-such-dependency>=1.0")  # (h11 is real now)
+    assert any("no-such-dependency" in p for p in check_locked_image(cf, lock, more))
+
+
+def test_image_install_steps_run(tmp_path: Path) -> None:
+    """The Containerfile's pip steps, run as written with the system Python 3.11 (the
+    image's minor version): locked wheels from PyPI, hash-checked, then fhmon."""
+    system_python = "/usr/bin/python3"
+    if not os.path.exists(system_python):
+        pytest.skip("no system python3")
+    instructions = containerfile_instructions(CONTAINERFILE.read_text())
+    runs = [rest for op, rest in instructions if op == "RUN" and re.search(r"\bpip\b", rest)]
+    assert len(runs) == 2, runs  # the build stage's, then the runtime stage's
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis",
+        "target", "results"))
+    wheels = tmp_path / "wheels"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    for stage, run in zip(("build", "runtime"), runs, strict=True):
+        venv = tmp_path / stage
+        subprocess.run([system_python, "-m", "venv", str(venv)], check=True)
+        script = run.replace("/wheels", str(wheels))
+        script = re.sub(r"(^|&&\s*)pip ", rf"\1{venv}/bin/pip ", script)
+        res = subprocess.run(["sh", "-ec", script], cwd=source, env=env, capture_output=True,
+                             text=True, timeout=900)
+        assert res.returncode == 0, f"{stage}: {script}\n{res.stdout[-2000:]}{res.stderr[-3000:]}"
+    assert not wheels.exists(), "the runtime step removes /wheels"
+    version = subprocess.run([str(tmp_path / "runtime" / "bin" / "fhmon"), "--version"],
+                             capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and version.stdout.startswith("fhmon "), version

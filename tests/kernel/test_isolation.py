@@ -40,7 +40,8 @@ def test_killed_target_frees_everything_and_others_keep_working(spawn: Any,
     victim: Agent = spawn()
     assert victim.call("n2h", path="file")["errno"] == 0
     assert victim.proc.stdin is not None
-    victim.proc.stdin.write('{"op": "hammer", "path": "dir/inner", "calls": 100000, '
+    # a load that lasts until the kill below, whatever the machine's speed
+    victim.proc.stdin.write('{"op": "hammer", "path": "dir/inner", "until": "/nonexistent", '
                             '"threads": 4}\n')
     victim.proc.stdin.flush()
     time.sleep(0.5)  # calls in flight, some of them inside fhmon right now
@@ -57,7 +58,8 @@ def test_stopped_target_does_not_block_others(spawn: Any) -> None:
     stopped: Agent = spawn()
     other: Agent = spawn()
     assert stopped.proc.stdin is not None
-    stopped.proc.stdin.write('{"op": "hammer", "path": "file", "calls": 100000, "threads": 2}\n')
+    stopped.proc.stdin.write('{"op": "hammer", "path": "file", "until": "/nonexistent", '
+                             '"threads": 2}\n')  # calls in flight until the SIGKILL below
     stopped.proc.stdin.flush()
     time.sleep(0.3)
     os.kill(stopped.pid, signal.SIGSTOP)

@@ -273,11 +273,23 @@ def test_load_refuses_writable_key(key_dir: Path, mode: int) -> None:
         KeyRing.load(key_dir)
 
 
-@pytest.mark.parametrize("mode", [0o600, 0o400, 0o640, 0o644])
-def test_load_accepts_readable_key(key_dir: Path, mode: int) -> None:
+@pytest.mark.parametrize("mode", [0o600, 0o400])
+def test_load_accepts_owner_only_key(key_dir: Path, mode: int) -> None:
     (key_file,) = key_dir.glob("*.key")
     key_file.chmod(mode)
     assert KeyRing.load(key_dir).key_ids
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o644, 0o604, 0o440])
+def test_load_refuses_key_readable_by_others(key_dir: Path, mode: int) -> None:
+    """Whoever reads a key can forge handles for every share."""
+    (key_file,) = key_dir.glob("*.key")
+    key_file.chmod(mode)
+    with pytest.raises(KeyDirError) as info:
+        KeyRing.load(key_dir)
+    assert str(info.value) == (f"key {key_file} is readable by group or others (mode "
+                               f"{mode:04o}): anyone who reads it can forge handles; run "
+                               f"`chmod 0600 {key_file}`")
 
 
 def test_keyring_constructor_checks_signer() -> None:
