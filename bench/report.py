@@ -172,8 +172,9 @@ def print_verdicts(report: dict[str, Any]) -> None:
         print(f"  [{mark:>7}] {v['target']}: {v['measured']} (target {v['asked']})")
 
 
-_SHARE_KINDS = {"mount": "the root of a mount of its own (as a PVC)",
-                "directory": "a plain directory (name_to_handle_at pays the path check)",
+_SHARE_KINDS = {"filesystem": "a filesystem of its own, loop-mounted ext4 (as a block PVC)",
+                "mount": "a bind mount of a directory (lookups and directory opens walk '..')",
+                "directory": "a plain directory (lookups and directory opens walk '..')",
                 "?": "not recorded"}
 
 

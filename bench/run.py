@@ -159,23 +159,33 @@ def detect_variants(keys: dict[str, str]) -> dict[str, dict[str, str]]:
 
 
 def make_base() -> Path:
-    """The bench's tree. The share is the root of a mount of its own (a bind mount of
-    itself), as a PVC is in KubeVirt: fhmon then confines by mount alone. A share that is
-    a plain directory adds the path check's two readlinks per name_to_handle_at (bench.
-    levers measures them)."""
+    """The bench's tree. The share is a filesystem of its own (a loop-mounted ext4 image),
+    as a block-backed PVC is in KubeVirt: fhmon then confines by mount alone. A bind mount
+    of a subdirectory, or a plain directory, makes every lookup and every directory open
+    walk '..' up to the share root (monitor/policy.py); that is the fallback when no loop
+    device can be had, and the report's machine.share says which one ran."""
     base = Path(tempfile.mkdtemp(prefix="fhmon-bench-", dir="/tmp"))
     base.chmod(0o755)
     share = base / "share"
     share.mkdir(mode=0o755)
+    image = base / "share.img"
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    done = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True)
+    if done.returncode == 0:
+        done = subprocess.run(["mount", "-o", "loop", str(image), str(share)],
+                              capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"bench: the share is a bind mount of a directory, not a filesystem of its own "
+              f"(loop mount: {done.stderr.strip() or done.returncode}); lookups then pay the "
+              f"subtree walk", file=sys.stderr, flush=True)
+        image.unlink()
+        done = subprocess.run(["mount", "--bind", str(share), str(share)], capture_output=True,
+                              text=True)
+    share.chmod(0o755)
     for i in range(64):
         (share / f"f{i:03d}").write_text(f"file {i}\n")
         (share / f"f{i:03d}").chmod(0o644)
-    done = subprocess.run(["mount", "--bind", str(share), str(share)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        print(f"bench: the share stays a plain directory (bind mount: "
-              f"{done.stderr.strip() or done.returncode}); name_to_handle_at then pays the "
-              f"path check", file=sys.stderr, flush=True)
     shutil.copy(HERE / "target.py", base / "target.py")
     (base / "target.py").chmod(0o644)
     (base / "logs").mkdir()
@@ -183,8 +193,11 @@ def make_base() -> Path:
 
 
 def share_kind(base: Path) -> str:
-    """"mount" if the bench's share is the root of a mount of its own, else "directory"."""
-    return "mount" if _is_mount_point(base / "share") else "directory"
+    """"filesystem" if the bench's share is a filesystem of its own, "mount" if it is a bind
+    mount of a directory, else "directory"."""
+    if not _is_mount_point(base / "share"):
+        return "directory"
+    return "filesystem" if (base / "share.img").exists() else "mount"
 
 
 def _is_mount_point(path: Path) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -264,6 +265,78 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inject(args: argparse.Namespace) -> int:
+    from monitor.kubevirt import inject
+
+    source = sys.stdin.buffer if args.filename == "-" else None
+    try:
+        if source is None:
+            with open(args.filename, "rb") as f:
+                data = f.read()
+        else:
+            data = source.read()
+        text = inject.inject(data.decode("utf-8"), inject.Settings(image=args.image))
+    except (OSError, UnicodeDecodeError, inject.InjectError) as exc:
+        print(f"fhmon inject: {args.filename}: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.buffer.write(text.encode("utf-8"))
+    return 0
+
+
+def _install_launcher(args: argparse.Namespace) -> int:
+    from monitor.kubevirt import bundle
+
+    try:
+        made = bundle.install_launcher(args.directory)
+    except (OSError, bundle.BundleError) as exc:
+        print(f"fhmon install-launcher: {args.directory}: {exc}", file=sys.stderr)
+        return 1
+    print(f"fhmon install-launcher: {made.size // 2**20} MiB in {made.root}: "
+          f"{', '.join(made.packages)}", file=sys.stderr)
+    return 0
+
+
+def _webhook(args: argparse.Namespace) -> int:
+    from monitor.kubevirt import inject, webhook
+
+    log.setup(args.log_level)
+    try:
+        certificates = webhook.CertificateFiles(args.tls_cert, args.tls_key)
+    except (OSError, ValueError) as exc:
+        print(f"fhmon webhook: {exc}", file=sys.stderr)
+        return 2
+    settings = inject.Settings(image=args.image)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+                await nursery.start(webhook.serve, args.address, certificates, settings)
+                async for _ in sigs:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(main)
+    except Exception as exc:
+        for leaf in _leaves(exc):
+            print(f"fhmon webhook: {leaf}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _device_plugin(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from monitor.kubevirt import deviceplugin
+
+    log.setup(args.log_level)
+    config = deviceplugin.PluginConfig(resource=args.resource, plugin_dir=args.plugin_dir,
+                                       socket_dir=args.socket_dir, devices=args.devices)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(deviceplugin.run(config))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fhmon", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fhmon {__version__}")
@@ -351,6 +424,44 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also check these allow globs (refused ones, ones matching "
                        "nothing)")
     check.set_defaults(func=_check)
+
+    inject = sub.add_parser("inject", help="print a manifest with KubeVirt's virtiofs "
+                            "containers of PVC volumes put under fhmon (offline)")
+    inject.add_argument("-f", "--filename", required=True, metavar="FILE",
+                        help="YAML or JSON (one document, several, or a List); - for stdin")
+    inject.add_argument("--image", default="fhmon",
+                        help="the fhmon image the launcher is copied from (default: fhmon)")
+    inject.set_defaults(func=_inject)
+    hook = sub.add_parser("webhook", help="serve the mutating admission webhook that puts "
+                          "virt-launcher pods' virtiofs containers under fhmon")
+    hook.add_argument("--address", default="0.0.0.0:8443", help="HOST:PORT (default %(default)s)")
+    hook.add_argument("--tls-cert", dest="tls_cert", required=True, metavar="FILE",
+                      help="PEM certificate (chain); re-read when the file changes")
+    hook.add_argument("--tls-key", dest="tls_key", required=True, metavar="FILE",
+                      help="PEM private key of --tls-cert; re-read with it")
+    hook.add_argument("--image", default="fhmon",
+                      help="the fhmon image the injected init container runs")
+    hook.add_argument("--log-level", dest="log_level", default="info",
+                      help="debug, info, warning or error (default %(default)s)")
+    hook.set_defaults(func=_webhook)
+    plugin = sub.add_parser("device-plugin", help="kubelet device plugin whose resource "
+                            "mounts fhmon's socket directory into a container")
+    plugin.add_argument("--resource", default="devices.kubevirt.io/fhmon",
+                        help="the extended resource to advertise (default %(default)s)")
+    plugin.add_argument("--plugin-dir", dest="plugin_dir",
+                        default="/var/lib/kubelet/device-plugins",
+                        help="the kubelet's device-plugins directory (kubelet.sock)")
+    plugin.add_argument("--socket-dir", dest="socket_dir", default="/var/run/kubevirt/fhmon",
+                        help="fhmon's socket directory, mounted at the same path")
+    plugin.add_argument("--devices", type=int, default=1000,
+                        help="how many containers per node may hold the resource")
+    plugin.add_argument("--log-level", dest="log_level", default="info",
+                        help="debug, info, warning or error (default %(default)s)")
+    plugin.set_defaults(func=_device_plugin)
+    install = sub.add_parser("install-launcher", help="copy a self-contained `fhmon launch` "
+                             "into DIRECTORY (the injected init container runs this)")
+    install.add_argument("directory", help="where to copy it (the launcher emptyDir)")
+    install.set_defaults(func=_install_launcher)
 
     for name, func, text in (("probe", _probe, "health check: exit 0 if fhmon answers"),
                              ("status", _status, "show registered targets and counters")):

@@ -101,6 +101,8 @@ class Registration:
         self.pid = pid
         self.listener = listener
         self.sock: trio.socket.SocketType | None = None
+        # the first ACCEPT's share id: every re-registration must land on that share
+        self.share_id: bytes | None = None
 
     def close(self) -> None:
         if self.sock is not None:
@@ -114,7 +116,8 @@ class Registration:
         try:
             await sock.connect(self.socket_path)
             hello = native.encode(native.Hello(self.pid, self.share,
-                                               f"fhmon-launch/{os.getpid()}"))
+                                               f"fhmon-launch/{os.getpid()}",
+                                               share_id=self.share_id))
             await sock.sendmsg([hello], fdpass.rights([self.listener]))
             decoder = native.FrameDecoder()
             while (message := decoder.next_message()) is None:
@@ -127,6 +130,8 @@ class Registration:
             raise
         if isinstance(message, native.Accept):
             self.sock = sock
+            if self.share_id is None:
+                self.share_id = message.share_id
         else:
             sock.close()
         return message

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import functools
 import os
 import signal
@@ -40,6 +41,7 @@ def _errno() -> int:
     return ctypes.c_int.from_address(_errno_location()).value
 
 
+SYS_FSTATFS: Final = 138
 SYS_SETGROUPS: Final = 116
 SYS_SETFSUID: Final = 122
 SYS_SETFSGID: Final = 123
@@ -64,6 +66,7 @@ RESOLVE_BENEATH: Final = 0x08
 RESOLVE_IN_ROOT: Final = 0x10
 STATX_TYPE: Final = 0x1
 STATX_MODE: Final = 0x2
+STATX_INO: Final = 0x100
 STATX_MNT_ID: Final = 0x1000
 STATX_MNT_ID_UNIQUE: Final = 0x4000
 AT_EMPTY_PATH: Final = 0x1000
@@ -230,8 +233,49 @@ def statx_mode_mount(fd: int) -> tuple[int, int]:
     return mode, mnt
 
 
-# struct statx: stx_mask u32 @0, stx_mode u16 @28, stx_mnt_id u64 @144
+def statx_identity(fd: int, unique: bool = True) -> tuple[int, int, int, int]:
+    """(st_mode, st_dev, st_ino, mount id) of an fd in one statx: the unique mount id, or
+    the old (reusable, /proc/PID/mountinfo's first field) one when unique is False."""
+    buf = _scratch.statx
+    _check(_syscall(SYS_STATX, fd, b"", AT_EMPTY_PATH, STATX_TYPE | STATX_MODE | STATX_INO
+                    | (STATX_MNT_ID_UNIQUE if unique else STATX_MNT_ID), buf))
+    mask, mode, ino, major, minor, mnt = _STATX_IDENTITY.unpack_from(buf, 0)
+    if not mask & (STATX_MNT_ID_UNIQUE | STATX_MNT_ID):
+        raise OSError(errno.EOPNOTSUPP, "statx reports no mount id")
+    return mode, os.makedev(major, minor), ino, mnt
+
+
+def fstatfs(fd: int) -> tuple[int, bytes, int]:
+    """(f_type, f_fsid's 8 bytes, f_flags) of the filesystem an fd is on (O_PATH fds too);
+    f_flags has ST_RDONLY when the mount or the superblock is read-only."""
+    buf = ctypes.create_string_buffer(_STATFS.size)
+    _check(_syscall(SYS_FSTATFS, fd, buf))
+    f_type, fsid, f_flags = _STATFS.unpack_from(buf, 0)
+    return f_type, fsid, f_flags
+
+
+def fs_uuid(fd: int) -> bytes:
+    """The superblock's UUID (FS_IOC_GETFSUUID, 6.5+) of an open (not O_PATH) fd's
+    filesystem; b"" where the filesystem has none or the kernel lacks the ioctl."""
+    buf = bytearray(_FSUUID2_SIZE)
+    try:
+        fcntl.ioctl(fd, FS_IOC_GETFSUUID, buf, True)
+    except OSError:
+        return b""
+    return bytes(buf[1 : 1 + min(buf[0], _FSUUID2_SIZE - 1)])
+
+
+FS_IOC_GETFSUUID: Final = 0x80111500  # _IOR(0x15, 0, struct fsuuid2 {u8 len; u8 uuid[16]})
+_FSUUID2_SIZE: Final = 17
+
+
+# struct statfs (x86_64): f_type long @0, ..., f_fsid 2 x int @56, f_namelen, f_frsize,
+# f_flags long @80, f_spare[4]
+_STATFS = struct.Struct("<q48x8s16xq32x")
+# struct statx: stx_mask u32 @0, stx_mode u16 @28, stx_ino u64 @32, stx_dev_major u32 @136,
+# stx_dev_minor u32 @140, stx_mnt_id u64 @144
 _STATX_FIELDS = struct.Struct("<I24xH114xQ")
+_STATX_IDENTITY = struct.Struct("<I24xH2xQ96xIIQ")
 _OPEN_HOW = struct.Struct("<QQQ")
 _U64 = struct.Struct("<Q")
 AT_HANDLE_MNT_ID_UNIQUE: Final = 0x001

@@ -3,8 +3,13 @@
 One module, so a reviewer finds every decision about "inside" and "allowed" here:
 - a share root must match an --allow glob by its real host path (no symlinks in the path);
 - an object is inside a share when it is on the share's own mount (not a submount, not
-  another filesystem) and, unless the share is the root of that mount, below the share
-  directory by its path.
+  another filesystem) and, unless the share covers its whole filesystem (the root of a
+  mount that shows the filesystem's root), below the share directory in the filesystem's
+  own tree. "Below" is decided on fds, never on path strings: walking '..' from the object
+  (a directory, or a file's parent directory) must meet the share root before it leaves the
+  share's mount or the filesystem. The kernel answers ENOENT for '..' of a dentry that a
+  bind mount of a subdirectory does not contain, which ends such a walk at once; no path
+  has to fit in PATH_MAX.
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ class Share:
     host_path: str
     target_path: str
     is_mount_root: bool
+    # the share root is the root of its mount and that mount shows the filesystem's root:
+    # every inode a handle can name on that filesystem is inside the share
+    whole_fs: bool = False
     refs: int = field(default=1)
 
     def close(self) -> None:
@@ -72,11 +80,14 @@ class Share:
         return fd_path(self.path_fd)
 
 
-def pin_share(root_fd: int, target_path: str, allow: list[str]) -> Share:
+def pin_share(root_fd: int, target_path: str, allow: list[str],
+              mountinfo_pid: int | None = None) -> Share:
     """Resolve target_path inside the target's root (root_fd), pin it, check --allow.
 
     Must run with the registering client's credentials in force, so that a client can only
-    register a share it can reach itself.
+    register a share it can reach itself. mountinfo_pid: a process of the mount namespace
+    the share was resolved in (the target), whose mountinfo says whether the share's mount
+    shows its filesystem's root; without it the share never counts as a whole filesystem.
     """
     if not target_path.startswith("/"):
         raise RegistrationRefused(f"share {target_path!r} must be an absolute path", errno.EINVAL)
@@ -105,7 +116,7 @@ def pin_share(root_fd: int, target_path: str, allow: list[str]) -> Share:
                 f"share {target_path} (host path {fd_path(path_fd)}) is not in the allow-list")
         st = os.fstat(path_fd)
         mnt = linux.mount_id(path_fd)
-        share_id = _share_id(path_fd)
+        share_id = _share_id(path_fd, filesystem_identity(dir_fd))
         parent = os.open("..", os.O_PATH | os.O_CLOEXEC, dir_fd=path_fd)
         try:
             pst = os.fstat(parent)
@@ -113,8 +124,11 @@ def pin_share(root_fd: int, target_path: str, allow: list[str]) -> Share:
                 st.st_dev, st.st_ino)
         finally:
             os.close(parent)
+        whole_fs = (is_root and mountinfo_pid is not None
+                    and linux.fstatfs(path_fd)[0] in LOCAL_FILESYSTEMS
+                    and _mount_shows_fs_root(mountinfo_pid, path_fd))
         return Share(path_fd, dir_fd, mnt, st.st_dev, st.st_ino, share_id, host_path,
-                     target_path, is_root)
+                     target_path, is_root, whole_fs)
     except BaseException:
         os.close(path_fd)
         if dir_fd >= 0:
@@ -122,16 +136,62 @@ def pin_share(root_fd: int, target_path: str, allow: list[str]) -> Share:
         raise
 
 
-def _share_id(path_fd: int) -> bytes:
-    """Hash of the share root's handle; a FID handle where the fs cannot export."""
+# statfs f_type of local filesystems whose superblock root is all a handle can name. A
+# network filesystem's mount root is its own superblock's root even for a subdirectory of
+# the server's export (mountinfo says "/"), while the server may decode handles beyond it;
+# such shares are always walked.
+LOCAL_FILESYSTEMS = frozenset({
+    0xEF53,  # ext2, ext3, ext4
+    0x58465342,  # xfs
+    0x9123683E,  # btrfs (every subvolume is in the top-level tree)
+    0x01021994,  # tmpfs
+    0xF2F52010,  # f2fs
+})
+
+
+def _mount_shows_fs_root(pid: int, path_fd: int) -> bool:
+    """Whether the mount of path_fd shows its filesystem's root ("/" in mountinfo's fourth
+    field; a bind mount of a subdirectory shows that subdirectory). Looked up by the old
+    mount id, which no two live mounts share; anything unreadable counts as "no"."""
+    old_id = linux.statx_identity(path_fd, unique=False)[3]
+    try:
+        with open(f"/proc/{pid}/mountinfo", "rb") as mountinfo:
+            for line in mountinfo:
+                fields = line.split(b" ", 4)
+                if len(fields) >= 4 and fields[0] == str(old_id).encode():
+                    return fields[3] == b"/"
+    except OSError:
+        pass
+    return False
+
+
+def _share_id(path_fd: int, filesystem: bytes) -> bytes:
+    """Hash of the filesystem's identity and the share root's handle (a FID handle where
+    the fs cannot export)."""
     for flags in (linux.AT_EMPTY_PATH, linux.AT_EMPTY_PATH | kernel.AT_HANDLE_FID):
         try:
             handle_type, f_handle, _ = linux.name_to_handle_at(path_fd, b"", flags)
-            return signing.share_id_from_handle(handle_type, f_handle)
+            return signing.share_id_from_handle(handle_type, f_handle, filesystem)
         except OSError:
             continue
     raise RegistrationRefused("the share's filesystem gives no file handles at all",
                               errno.EOPNOTSUPP)
+
+
+def filesystem_identity(fd: int) -> bytes:
+    """What tells this filesystem from every other, the same on every node that mounts it:
+    the superblock UUID (FS_IOC_GETFSUUID: ext4, xfs, btrfs, tmpfs, ...), else the statfs
+    f_fsid (NFS: the server's fsid), else nothing (b"": then two roots of such filesystems
+    with equal handles share an id). A clone of a volume copies its UUID: see
+    docs/semantics.md."""
+    uuid = linux.fs_uuid(fd)
+    if uuid.strip(b"\0"):
+        return b"uuid:" + uuid
+    try:
+        fsid = linux.fstatfs(fd)[1]
+    except OSError:
+        return b""
+    return b"fsid:" + fsid if fsid.strip(b"\0") else b""
 
 
 def _allowed_host_path(path_fd: int, allow: list[str]) -> str | None:
@@ -163,30 +223,110 @@ def check_resolved(share: Share, obj_fd: int, obj_mount_id: int) -> None:
     inside the share.
 
     EOPNOTSUPP for a submount inside the share (virtiofsd then keeps its own O_PATH fd, as
-    for any filesystem without handles); EACCES for anything outside the share.
+    for any filesystem without handles) and for a file whose place cannot be checked (see
+    _file_inside); EACCES for anything outside the share.
     """
     if obj_mount_id != share.mount_id:
-        if is_below(fd_path(obj_fd), share.current_path()):
+        try:
+            on_submount = is_below(fd_path(obj_fd), share.current_path())
+        except OSError:  # too deep to print: outside for this answer, refused either way
+            on_submount = False
+        if on_submount:
             raise SyscallError(errno.EOPNOTSUPP, "object on a submount inside the share")
         raise SyscallError(errno.EACCES, "object outside the share (other mount)")
-    if share.is_mount_root:
+    if share.whole_fs:
         return
-    if not is_below(_strip_deleted(fd_path(obj_fd)), share.current_path()):
+    mode = os.fstat(obj_fd).st_mode
+    inside = _dir_inside(share, obj_fd) if stat.S_ISDIR(mode) else _file_inside(share, obj_fd)
+    if not inside:
         raise SyscallError(errno.EACCES, "object outside the share")
 
 
 def check_opened(share: Share, obj_fd: int, is_dir: bool, obj_mount_id: int) -> None:
     """For open_by_handle_at: the fd comes from the share's mount (mount_fd is the share), so
-    only a directory moved out of a non-root share can be outside; directories are always
-    connected, so their path is checked. Non-directories are trusted on their MAC (like NFS
-    no_subtree_check): their dentry may be disconnected and has no path to check.
+    only a directory moved out of a share that does not cover its whole filesystem can be
+    outside; directories are always connected, so '..' walks up from them. Non-directories
+    are trusted on their MAC (like NFS no_subtree_check): their dentry may be disconnected.
     """
     if obj_mount_id != share.mount_id:
         raise SyscallError(errno.ESTALE, "opened object not on the share's mount")
-    if share.is_mount_root or not is_dir:
+    if share.whole_fs or not is_dir:
         return
-    if not is_below(fd_path(obj_fd), share.current_path()):
+    if not _dir_inside(share, obj_fd):
         raise SyscallError(errno.ESTALE, "directory no longer inside the share")
+
+
+def _dir_inside(share: Share, dir_fd: int) -> bool:
+    """Walk '..' from a directory fd: inside when the walk meets the share root (same inode
+    on the share's mount) before it leaves that mount, tops out, or the kernel refuses '..'
+    (ENOENT: the dentry is outside the part of the filesystem its bind mount shows)."""
+    cur = dir_fd
+    try:
+        _, dev, ino, mnt = linux.statx_identity(cur)
+        while True:
+            if mnt != share.mount_id:
+                return False
+            if (dev, ino) == (share.dev, share.ino):
+                return True
+            try:
+                parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+            except OSError:
+                return False
+            if cur != dir_fd:
+                os.close(cur)
+            cur = parent
+            identity = linux.statx_identity(cur)[1:]
+            if identity == (dev, ino, mnt):
+                return False  # '..' of a root is itself: the walk went past everything
+            dev, ino, mnt = identity
+    finally:
+        if cur != dir_fd:
+            os.close(cur)
+
+
+def _file_inside(share: Share, obj_fd: int) -> bool:
+    """A non-directory is inside when its parent directory (the dentry's, as the lookup
+    found it) is. The parent comes from the kernel's connectable handle of the file, which
+    encodes it, for the filesystems whose layout is the kernel's generic one (ext4, xfs and
+    others); elsewhere the path string decides, and a path too long to print is EOPNOTSUPP
+    (virtiofsd then keeps its own O_PATH fd)."""
+    parent = _parent_dir(share, obj_fd)
+    if parent is not None:
+        try:
+            return _dir_inside(share, parent)
+        finally:
+            os.close(parent)
+    try:
+        path, root = fd_path(obj_fd), share.current_path()
+    except OSError as exc:
+        raise SyscallError(errno.EOPNOTSUPP, f"file's place cannot be checked ({exc})") from None
+    return is_below(_strip_deleted(path), root)
+
+
+# generic exportfs layouts (include/linux/exportfs.h): type of a file-with-parent handle ->
+# (type of the parent's own handle, where its bytes are in the file's handle)
+_PARENT_LAYOUTS: dict[int, tuple[int, slice]] = {
+    2: (1, slice(8, 16)),  # FILEID_INO32_GEN_PARENT: ino, gen, parent ino, parent gen
+    0x82: (0x81, slice(12, 24)),  # xfs's 64-bit: ino64, gen, parent ino64, parent gen
+}
+
+
+def _parent_dir(share: Share, obj_fd: int) -> int | None:
+    """An O_PATH fd of the directory a non-directory's dentry hangs from, or None."""
+    try:
+        handle_type, f_handle, _ = linux.name_to_handle_at(
+            -100, f"/proc/self/fd/{obj_fd}".encode(),
+            kernel.AT_HANDLE_CONNECTABLE | kernel.AT_SYMLINK_FOLLOW)
+    except OSError:
+        return None  # no connectable handles here, or a disconnected dentry
+    layout = _PARENT_LAYOUTS.get(handle_type & ~kernel.FILEID_USER_FLAGS_MASK)
+    if layout is None or len(f_handle) < layout[1].stop:
+        return None
+    try:
+        return linux.open_by_handle_at(share.dir_fd, layout[0], f_handle[layout[1]],
+                                       os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def _strip_deleted(path: str) -> str:

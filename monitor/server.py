@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hmac
 import itertools
 import json
 import logging
@@ -35,7 +36,7 @@ from monitor.hardening import lock_down
 from monitor.linux import kcmp_same_file
 from monitor.listener import Listener, is_seccomp_listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
-from monitor.policy import RegistrationRefused, pin_share
+from monitor.policy import RegistrationRefused, Share, pin_share
 from monitor.prom import Metrics
 from monitor.signing import KeyDirError, KeyRing
 from monitor.target import Credentials, read_status
@@ -373,8 +374,13 @@ class Service:
                         raise RegistrationRefused(
                             f"HELLO must carry exactly one fd (the listener), got "
                             f"{len(received)}", errno.EINVAL)
+                    if message.flags & ~native.HELLO_KNOWN_FLAGS:
+                        _close_quietly(received[0])
+                        raise RegistrationRefused(
+                            f"unknown HELLO flags {message.flags:#x}", errno.EINVAL)
                     target = self._register(received[0], message.target_pid, message.share,
-                                            peer, "native", nursery)
+                                            peer, "native", nursery,
+                                            expected_share_id=message.share_id)
                 except RegistrationRefused as exc:
                     self._refused(peer, exc.reason)
                     return native.Refuse(exc.errno, exc.reason)
@@ -411,10 +417,13 @@ class Service:
 
     def _register(self, listener_fd: int, target_pid: int, share_path: str, peer: PeerCred,
                   convention: str, nursery: trio.Nursery,
-                  peer_credentials: Credentials | None = None) -> Target:
+                  peer_credentials: Credentials | None = None,
+                  expected_share_id: bytes | None = None) -> Target:
         """Every check of a registration; takes ownership of listener_fd in all cases.
 
         peer_credentials: for a registration restored from the keeper, whose client is gone.
+        expected_share_id: a re-registration's (after a restart) share id from its first
+        registration: see _pin_expected.
         """
         try:
             if not is_seccomp_listener(listener_fd):
@@ -440,16 +449,11 @@ class Service:
             if not target_status.seccomp_filtered:
                 raise RegistrationRefused(f"process {target_pid} runs under no seccomp filter: "
                                           f"the listener does not belong to it", errno.EPERM)
-            try:
-                root_fd = os.open(f"/proc/{target_pid}/root", os.O_PATH | os.O_CLOEXEC)
-            except OSError as exc:
-                raise RegistrationRefused(f"cannot see process {target_pid}'s root: "
-                                          f"{exc.strerror}", errno.ESRCH) from None
-            try:
-                with acting_as(peer_credentials):
-                    share = pin_share(root_fd, share_path, self.config.allow)
-            finally:
-                os.close(root_fd)
+            if expected_share_id is None:
+                share = _pin_in(target_pid, share_path, self.config.allow, peer_credentials)
+            else:
+                share = _pin_expected(expected_share_id, (target_pid, peer.pid), share_path,
+                                      self.config.allow, peer_credentials)
         except BaseException:
             _close_quietly(listener_fd)
             raise
@@ -462,14 +466,16 @@ class Service:
         self.metrics.registrations.labels("accepted").inc()
         log.event("target_registered", target=target.target_id, pid=target_pid,
                   share=share.host_path, share_in_target=share_path, convention=convention,
-                  peer_uid=peer.uid, peer_pid=peer.pid, mount_root=share.is_mount_root)
+                  peer_uid=peer.uid, peer_pid=peer.pid, mount_root=share.is_mount_root,
+                  whole_fs=share.whole_fs)
         nursery.start_soon(self._serve_target, target)
         return target
 
     # --- the keeper (listeners that must outlive this process) ------------------------------
     def _keeper_record(self, target: Target) -> dict[str, Any]:
         return {"pid": target.pid, "share": target.share.target_path, "uid": target.peer.uid,
-                "gid": target.peer.gid, "convention": target.convention}
+                "gid": target.peer.gid, "convention": target.convention,
+                "share_id": target.share.share_id.hex()}
 
     async def _deposit(self, target: Target) -> None:
         try:
@@ -523,10 +529,14 @@ class Service:
             # the client that registered it is gone: its recorded ids stand in for it
             creds = Credentials(uid, gid, (), -1 if uid == 0 else 0)
             try:
+                try:  # the share the listener was first registered with, if recorded
+                    expected = bytes.fromhex(str(record["share_id"]))
+                except (KeyError, ValueError):
+                    expected = None
                 target = self._register(fd, pid, str(record.get("share", "")),
                                         PeerCred(0, uid, gid),
                                         str(record.get("convention", "oci")), nursery,
-                                        peer_credentials=creds)
+                                        peer_credentials=creds, expected_share_id=expected)
                 restored += 1
                 self.metrics.count_restored()
                 log.event("target_restored", target=target.target_id, pid=pid)
@@ -739,3 +749,45 @@ async def _read_oci(conn: trio.socket.SocketType, data: bytes,
 def _close_quietly(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)
+
+
+def _pin_in(pid: int, share_path: str, allow: list[str], credentials: Credentials) -> Share:
+    """pin_share in the mount namespace of process pid, as the registering client."""
+    try:
+        root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RegistrationRefused(f"cannot see process {pid}'s root: {exc.strerror}",
+                                  errno.ESRCH) from None
+    try:
+        with acting_as(credentials):
+            return pin_share(root_fd, share_path, allow, pid)
+    finally:
+        os.close(root_fd)
+
+
+def _pin_expected(expected: bytes, pids: tuple[int, int], share_path: str, allow: list[str],
+                  credentials: Credentials) -> Share:
+    """A re-registration binds to the share of the first registration, whatever the target
+    did to its own mount namespace since (it may have mounted another allowed share, or
+    anything else, over its share path). The share path is resolved in the target's
+    namespace, then, unless that gave the expected share id, in the registering client's,
+    which the target cannot change (pids: target, client; a client pid of 0, a keeper
+    record, has none); a share with another id is refused (ESTALE)."""
+    seen: list[str] = []
+    for pid in pids:
+        if pid <= 0:
+            continue
+        try:
+            share = _pin_in(pid, share_path, allow, credentials)
+        except RegistrationRefused as exc:
+            seen.append(exc.reason)
+            continue
+        if hmac.compare_digest(share.share_id, expected):
+            if pid != pids[0]:
+                log.event("share_pinned_in_client_namespace", logging.WARNING,
+                          share=share.host_path, target_saw="; ".join(seen))
+            return share
+        seen.append(f"host path {share.host_path} is another share")
+        share.close()
+    raise RegistrationRefused(f"share {share_path} is not the share this listener was first "
+                              f"registered with ({'; '.join(seen)})", errno.ESTALE)

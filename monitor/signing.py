@@ -229,11 +229,17 @@ def retire(key_dir: str | Path, key_id: int) -> None:
     (directory / f"{key_id:08x}.key").unlink()
 
 
-def share_id_from_handle(handle_type: int, kernel_bytes: bytes) -> bytes:
-    """A share's identity: a hash of its root directory's handle (node- and path-independent)."""
+def share_id_from_handle(handle_type: int, kernel_bytes: bytes, filesystem: bytes) -> bytes:
+    """A share's identity: a hash of its filesystem's identity (the superblock UUID, else
+    the statfs fsid: see policy.filesystem_identity) and of its root directory's handle.
+    Both are node- and path-independent, so a handle verifies on every node that mounts
+    the same filesystem; the filesystem part keeps two filesystem roots apart (every ext4
+    root is inode 2, generation 0: the root handle alone does not name a filesystem)."""
     from cryptography.hazmat.primitives.hashes import SHA256, Hash
 
+    if len(filesystem) > 255:
+        raise ValueError("filesystem identity too long")
     digest = Hash(SHA256())
-    digest.update(b"fhmon/share/v1\0" + handle_type.to_bytes(4, "big", signed=True)
-                  + kernel_bytes)
+    digest.update(b"fhmon/share/v2\0" + bytes([len(filesystem)]) + filesystem
+                  + handle_type.to_bytes(4, "big", signed=True) + kernel_bytes)
     return digest.finalize()

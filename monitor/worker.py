@@ -115,7 +115,7 @@ class Worker:
         listener_fd, path_fd, dir_fd = fds
         s = message.share
         share = Share(path_fd, dir_fd, s.mount_id, s.dev, s.ino, s.share_id, s.host_path,
-                      s.target_path, s.is_mount_root)
+                      s.target_path, s.is_mount_root, s.whole_fs)
         target = Target(message.target_id, Listener(listener_fd), share, message.pid,
                         PeerCred(message.peer_pid, message.peer_uid, message.peer_gid),
                         message.convention)
@@ -236,7 +236,8 @@ class WorkerProcess:
         message = wire.AddTarget(
             target.target_id, target.pid, target.peer.pid, target.peer.uid, target.peer.gid,
             target.convention, wire.ShareInfo(s.mount_id, s.dev, s.ino, s.share_id,
-                                              s.host_path, s.target_path, s.is_mount_root))
+                                              s.host_path, s.target_path, s.is_mount_root,
+                                              s.whole_fs))
         self._send(wire.encode(message), [target.listener.fd, s.path_fd, s.dir_fd])
 
     def remove(self, target: Target) -> None:

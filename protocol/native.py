@@ -42,11 +42,17 @@ Header = cs.Struct(
 
 _Text = cs.PascalString(cs.Int16ub, "utf8")
 
+# HELLO flags. EXPECT_SHARE: a re-registration (after an fhmon restart) that names the
+# share id the first ACCEPT gave; fhmon accepts it only onto that same share.
+HELLO_EXPECT_SHARE: Final = 0x1
+HELLO_KNOWN_FLAGS: Final = HELLO_EXPECT_SHARE
+
 HelloPayload = cs.Struct(
     "target_pid" / cs.Int32ub,
     "flags" / cs.Int32ub,
     "share" / _Text,
     "client" / _Text,
+    "share_id" / cs.If(cs.this.flags & HELLO_EXPECT_SHARE, cs.Bytes(32)),
 )
 AcceptPayload = cs.Struct(
     "target_id" / cs.Int64ub,
@@ -71,6 +77,7 @@ class Hello:
     client: str = ""
     flags: int = 0
     version: int = PROTOCOL_VERSION
+    share_id: bytes | None = None  # present exactly when flags has HELLO_EXPECT_SHARE
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +126,15 @@ def _frame(kind: Kind, payload: bytes, version: int = PROTOCOL_VERSION) -> bytes
 def encode(message: Message) -> bytes:
     match message:
         case Hello():
+            flags = message.flags
+            if message.share_id is not None:
+                flags |= HELLO_EXPECT_SHARE
+            elif flags & HELLO_EXPECT_SHARE:
+                raise ValueError("HELLO_EXPECT_SHARE needs a share_id")
             payload = HelloPayload.build({"target_pid": message.target_pid,
-                                          "flags": message.flags, "share": message.share,
-                                          "client": message.client})
+                                          "flags": flags, "share": message.share,
+                                          "client": message.client,
+                                          "share_id": message.share_id})
             return _frame(Kind.HELLO, payload, message.version)
         case Accept():
             return _frame(Kind.ACCEPT, AcceptPayload.build(
@@ -147,7 +160,7 @@ def _decode_payload(version: int, kind: int, payload: bytes) -> Message:
             case Kind.HELLO:
                 h = HelloPayload.parse(payload)
                 _reject_trailing(HelloPayload, h, payload)
-                return Hello(h.target_pid, h.share, h.client, h.flags, version)
+                return Hello(h.target_pid, h.share, h.client, h.flags, version, h.share_id)
             case Kind.ACCEPT:
                 a = AcceptPayload.parse(payload)
                 _reject_trailing(AcceptPayload, a, payload)

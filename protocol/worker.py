@@ -45,6 +45,7 @@ class ShareInfo:
     host_path: str
     target_path: str
     is_mount_root: bool
+    whole_fs: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +107,8 @@ def encode(message: Message) -> bytes:
                     "convention": message.convention,
                     "share": {"mount_id": s.mount_id, "dev": s.dev, "ino": s.ino,
                               "share_id": s.share_id.hex(), "host_path": s.host_path,
-                              "target_path": s.target_path, "is_mount_root": s.is_mount_root}}
+                              "target_path": s.target_path, "is_mount_root": s.is_mount_root,
+                              "whole_fs": s.whole_fs}}
         case RemoveTarget():
             body = {"op": "remove", "target_id": message.target_id}
         case ReloadKeys():
@@ -138,7 +140,8 @@ def decode(data: bytes) -> Message:
             peer_pid, peer_uid, peer_gid = (_int(v) for v in body["peer"])
             share = ShareInfo(_int(s["mount_id"]), _int(s["dev"]), _int(s["ino"]),
                               bytes.fromhex(_str(s["share_id"])), _str(s["host_path"]),
-                              _str(s["target_path"]), _bool(s["is_mount_root"]))
+                              _str(s["target_path"]), _bool(s["is_mount_root"]),
+                              _bool(s.get("whole_fs", False)))
             return AddTarget(_int(body["target_id"]), _int(body["pid"]), peer_pid, peer_uid,
                              peer_gid, _str(body["convention"]), share)
         if op == "remove":

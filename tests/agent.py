@@ -7,6 +7,7 @@ can place a pointer exactly where the kernel would fault.
 """
 
 import ctypes
+import errno
 import json
 import mmap
 import os
@@ -161,13 +162,64 @@ def describe_fd(fd):
             "type": "dir" if stat.S_ISDIR(st.st_mode) else "reg" if stat.S_ISREG(st.st_mode)
             else "other", "accmode": fl & 3, "o_path": bool(fl & os.O_PATH),
             "cloexec": bool(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC),
-            "path": os.readlink(f"/proc/self/fd/{fd}")}
+            "path": fd_path_or_error(fd)}
     if stat.S_ISREG(st.st_mode) and fl & 3 != 1 and not fl & os.O_PATH:
         try:
             info["head"] = os.pread(fd, 64, 0).hex()
         except OSError as exc:
             info["read_errno"] = exc.errno
     return info
+
+
+def fd_path_or_error(fd):
+    """The fd's path, or "<errno name>" when the kernel cannot print it (deeper than
+    PATH_MAX: ENAMETOOLONG)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError as exc:
+        return f"<{errno.errorcode.get(exc.errno, exc.errno)}>"
+
+
+def walk(cmd):
+    """Open cmd["parts"] one component at a time from dirfd (O_PATH|O_DIRECTORY for every
+    step but the last, which gets cmd["flags"]): reaches paths longer than PATH_MAX."""
+    fd = resolve_fd(cmd.get("dirfd", "share"))
+    parts = cmd["parts"]
+    opened = []
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = cmd.get("flags", os.O_PATH) if last else os.O_PATH | os.O_DIRECTORY
+            fd = os.open(part, flags | os.O_CLOEXEC, dir_fd=fd)
+            opened.append(fd)
+    except OSError as exc:
+        for f in opened:
+            os.close(f)
+        return {"ret": -1, "errno": exc.errno}
+    for f in opened[:-1]:
+        os.close(f)
+    FDS[cmd["name"]] = opened[-1] if opened else os.dup(fd)
+    return {"ret": FDS[cmd["name"]], "errno": 0}
+
+
+def do_chmod(cmd):
+    """chmod(path, mode) as this process: the oracle for what a chmod would give."""
+    try:
+        os.chmod(cmd["path"], cmd["mode"])
+    except OSError as exc:
+        return {"errno": exc.errno}
+    return {"errno": 0}
+
+
+def do_mount(cmd):
+    """mount(2) in this process's own mount namespace (a target that made itself root of a
+    user and mount namespace): a bind of cmd["source"], or a tmpfs, over cmd["target"]."""
+    if cmd.get("tmpfs"):
+        r = libc.mount(b"adv", cmd["target"].encode(), b"tmpfs", 0, None)
+    else:
+        r = libc.mount(cmd["source"].encode(), cmd["target"].encode(), None,
+                       4096 | 16384, None)  # MS_BIND | MS_REC
+    return {"errno": ctypes.get_errno() if r < 0 else 0}
 
 
 def do_open(cmd):
@@ -376,7 +428,8 @@ def main():
     FDS["share"] = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
     print(json.dumps({"ready": True, "pid": os.getpid(), "uid": os.getuid()}), flush=True)
     ops = {"n2h": n2h, "obh": obh, "open": do_open, "whereis": whereis, "hammer": hammer,
-           "probe_open": probe_open,
+           "probe_open": probe_open, "walk": walk, "chmod": do_chmod,
+           "mount": do_mount,
            "close": lambda c: (os.close(FDS.pop(c["name"])), {"ret": 0})[1],
            "fdcount": lambda c: {"fds": len(os.listdir("/proc/self/fd"))}}
     ops.update(EXTRA_OPS)

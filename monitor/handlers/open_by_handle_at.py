@@ -9,8 +9,10 @@ installs it and answers the call in one step.
 O_PATH: ADDFD cannot carry O_PATH files, so an O_PATH request gets a real open instead:
 O_RDONLY|O_DIRECTORY for a directory, O_RDONLY (else O_WRONLY) for a regular file, each
 checked against the target's own permissions. When neither is permitted but the target
-owns the object (it could chmod itself access), it gets a read-only fd opened by fhmon:
-virtiofsd keeps O_PATH fds to its own mode-000 files and execute-only directories. See
+could chmod itself read access right now (it owns the object, on a writable local
+filesystem, and the inode is neither immutable nor append-only), it gets a read-only fd
+opened by fhmon: virtiofsd keeps O_PATH fds to its own mode-000 files and execute-only
+directories. Otherwise EACCES, the answer of the target's own open(2). See
 docs/semantics.md.
 """
 
@@ -135,27 +137,52 @@ def _reopen_as_target(ctx: CallContext, obj: int, flags: int, is_dir: bool) -> i
                 return linux.reopen(obj, attempt | os.O_CLOEXEC)
             except OSError as exc:
                 first_error = first_error or exc.errno or errno.EACCES
-    owned = os.fstat(obj).st_uid == creds.fsuid
-    if flags & kernel.O_PATH and first_error == errno.EACCES and owned:
-        # The owner may chmod itself read access at any time, so a read-only fd grants it
-        # nothing new; opened by fhmon (CAP_DAC_READ_SEARCH passes the read check).
+    if flags & kernel.O_PATH and first_error == errno.EACCES and _chmod_would_succeed(
+            obj, creds.fsuid):
+        # The target could chmod itself read access right now and then open it, so a
+        # read-only fd grants it nothing new; opened by fhmon (CAP_DAC_READ_SEARCH passes
+        # the read check), after _chmod_would_succeed asked the open file once more.
         fd = linux.reopen(obj, attempts[0] | os.O_CLOEXEC)
-        if _chmod_possible(fd):
+        if _chmod_would_succeed(fd, creds.fsuid):
             return fd
         os.close(fd)
     raise SyscallError(first_error)
 
 
-def _chmod_possible(fd: int) -> bool:
-    """False for immutable or append-only inodes: not even their owner can chmod them."""
-    flags = array.array("i", [0])
+def _chmod_would_succeed(fd: int, fsuid: int) -> bool:
+    """Whether chmod(2) by a caller with this fsuid would pass every check the kernel makes
+    that fhmon can see (fs/attr.c and fs/open.c): the caller owns the inode (as the share's
+    mount shows it), neither the mount nor the superblock is read-only (EROFS), the inode
+    is neither immutable nor append-only (EPERM), and the filesystem keeps the modes it is
+    given (a list of local ones: NFS servers, FUSE, vfat and others may refuse or ignore a
+    chmod). What fhmon cannot see (an LSM that would refuse this chmod) is not consulted:
+    docs/semantics.md. Fails closed on any error."""
     try:
-        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags, True)
+        if os.fstat(fd).st_uid != fsuid:
+            return False
+        f_type, _, f_flags = linux.fstatfs(fd)
+        if f_flags & os.ST_RDONLY or f_type not in _CHMOD_KEEPING_FILESYSTEMS:
+            return False
     except OSError:
-        return True  # the filesystem has no such flags
-    return not flags[0] & (_FS_IMMUTABLE_FL | _FS_APPEND_FL)
+        return False
+    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
+        return True  # the attribute flags need an open file: asked again on the real fd
+    attributes = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, attributes, True)
+    except OSError as exc:
+        return exc.errno in (errno.ENOTTY, errno.EOPNOTSUPP)  # no such flags at all
+    return not attributes[0] & (_FS_IMMUTABLE_FL | _FS_APPEND_FL)
 
 
 _FS_IOC_GETFLAGS = 0x80086601
 _FS_IMMUTABLE_FL = 0x10
 _FS_APPEND_FL = 0x20
+# statfs f_type of local filesystems whose chmod by the owner always takes
+_CHMOD_KEEPING_FILESYSTEMS = frozenset({
+    0xEF53,  # ext2, ext3, ext4
+    0x58465342,  # xfs
+    0x9123683E,  # btrfs
+    0x01021994,  # tmpfs
+    0xF2F52010,  # f2fs
+})

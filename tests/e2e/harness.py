@@ -429,6 +429,7 @@ def run_scenario(
     tick_seconds: float = 5.0,
     workload: Path = GUEST / "workload.sh",
     check: bool = True,
+    argv: Sequence[str] | None = None,
 ) -> RunResult:
     """Runs virtiofsd (as uid, or under wrapper, which is started as root and must switch to
     uid itself), boots the guest against it, parses the console and checks the share.
@@ -436,14 +437,17 @@ def run_scenario(
     on_virtiofsd_ready runs once virtiofsd listens, on_tick every tick_seconds while the guest
     runs (both for observing a monitor; they must not raise).  Another guest script can be
     given as workload (for experiments); check=False then skips the host-side checks.
+    argv replaces the whole virtiofsd command line (e.g. a container's, run by a stand-in
+    runtime); it must create rd.socket (or a path rd.socket links to).
 
     Always returns (never raises for a failing scenario); every process it started is gone
     when it returns, and anything left is listed in result.leftovers.
     """
     accel = accelerator(env)
-    vfs_argv = [*wrapper, *env.virtiofsd_argv(), f"--socket-path={rd.socket}",
-                f"--shared-dir={rd.share}", "--sandbox=none", f"--inode-file-handles={mode}",
-                *extra_virtiofsd_args]
+    vfs_argv = list(argv) if argv is not None else [
+        *wrapper, *env.virtiofsd_argv(), f"--socket-path={rd.socket}",
+        f"--shared-dir={rd.share}", "--sandbox=none", f"--inode-file-handles={mode}",
+        *extra_virtiofsd_args]
     res = RunResult(accel=accel, mode=mode, virtiofsd_argv=vfs_argv)
     vfs_log = rd.base / "virtiofsd.stderr"
     qemu_log = rd.base / "qemu.stderr"
@@ -452,7 +456,7 @@ def run_scenario(
     build_initrd(env, initrd, (GUEST / "init").read_bytes(),
                  {"workload.sh": workload.read_bytes()})
     clean_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-    as_user = uid != 0 and not wrapper
+    as_user = uid != 0 and not wrapper and argv is None
     t0 = time.monotonic()
     vfs: subprocess.Popen[bytes] | None = None
     qemu: subprocess.Popen[bytes] | None = None
@@ -607,7 +611,8 @@ class FhmonService:
 
 @contextlib.contextmanager
 def fhmon_service(rd: RunDir, fhmon: str | None = None, *, name: str = "fhmon",
-                  key_dir: Path | None = None) -> Iterator[FhmonService]:
+                  key_dir: Path | None = None,
+                  serve_args: Sequence[str] = ()) -> Iterator[FhmonService]:
     """Starts `fhmon serve` for rd.share; on exit stops it with SIGTERM (returncode recorded).
 
     A fresh key is generated unless key_dir is given (e.g. another service's, as two nodes
@@ -624,7 +629,7 @@ def fhmon_service(rd: RunDir, fhmon: str | None = None, *, name: str = "fhmon",
     sock = rd.base / f"{name}.sock"
     log_path = rd.base / f"{name}-serve.log"
     argv = [fhmon, "serve", "--socket", str(sock), "--key-dir", str(key_dir),
-            "--allow", str(rd.share)]
+            "--allow", str(rd.share), *serve_args]
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, cwd="/", process_group=0)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from protocol import native
 from protocol.native import (
     HEADER_SIZE,
+    HELLO_EXPECT_SHARE,
     MAGIC,
     MAX_PAYLOAD,
     Accept,
@@ -44,7 +45,10 @@ def _texts(max_size: int) -> st.SearchStrategy[str]:
 def _messages(max_text: int) -> st.SearchStrategy[Message]:
     return st.one_of(
         st.builds(Hello, target_pid=U32, share=_texts(max_text), client=_texts(max_text),
-                  flags=U32),
+                  flags=U32.map(lambda f: f & ~HELLO_EXPECT_SHARE)),
+        st.builds(Hello, target_pid=U32, share=_texts(max_text), client=_texts(max_text),
+                  flags=U32.map(lambda f: f | HELLO_EXPECT_SHARE),
+                  share_id=st.binary(min_size=32, max_size=32)),
         st.builds(Accept, target_id=U64, share_id=st.binary(min_size=32, max_size=32),
                   message=_texts(max_text)),
         st.builds(Refuse, errno=U32, reason=_texts(min(max_text, 4000))),
@@ -98,12 +102,26 @@ def test_ping_and_status_bytes() -> None:
 
 def test_hello_bytes() -> None:
     raw = encode(Hello(target_pid=0x01020304, share="/srv/é", client="fhmon-launch",
-                       flags=0x0A0B0C0D))
-    payload = (b"\x01\x02\x03\x04" + b"\x0a\x0b\x0c\x0d" + b"\x00\x07/srv/\xc3\xa9"
+                       flags=0x0A0B0C0C))
+    payload = (b"\x01\x02\x03\x04" + b"\x0a\x0b\x0c\x0c" + b"\x00\x07/srv/\xc3\xa9"
                + b"\x00\x0cfhmon-launch")
     assert raw == b"FHMN\x00\x01\x00\x01" + struct.pack(">I", len(payload)) + payload
-    assert raw == _frame(1, 1, struct.pack(">II", 0x01020304, 0x0A0B0C0D) + _text("/srv/é")
+    assert raw == _frame(1, 1, struct.pack(">II", 0x01020304, 0x0A0B0C0C) + _text("/srv/é")
                          + _text("fhmon-launch"))
+
+
+def test_hello_with_an_expected_share_bytes() -> None:
+    share_id = bytes(range(32))
+    raw = encode(Hello(target_pid=1, share="/s", client="c", share_id=share_id))
+    assert raw == _frame(1, 1, struct.pack(">II", 1, HELLO_EXPECT_SHARE) + _text("/s")
+                         + _text("c") + share_id)
+    assert decode_one(raw) == Hello(1, "/s", "c", HELLO_EXPECT_SHARE, share_id=share_id)
+    with pytest.raises(ValueError):
+        encode(Hello(1, "/s", flags=HELLO_EXPECT_SHARE))
+    # the flag without its 32 bytes, or with fewer: malformed
+    for cut in (32, 1):
+        with pytest.raises(ProtocolError):
+            decode_one(_frame(1, 1, (raw[HEADER_SIZE:])[:-cut]))
 
 
 def test_accept_bytes() -> None:
@@ -141,8 +159,9 @@ def test_looks_native() -> None:
 
 
 @pytest.mark.parametrize("message", [
-    Hello(1, "/"), Hello(2**32 - 1, "", "", 2**32 - 1), Hello(7, "/srv/\u00e9\u4e2d\U0001F600",
-                                                            "c\x00lient", 3),
+    Hello(1, "/"), Hello(2**32 - 1, "", "", 2**32 - 1, share_id=b"\xab" * 32),
+    Hello(7, "/srv/\u00e9\u4e2d\U0001F600", "c\x00lient", 3, share_id=bytes(32)),
+    Hello(7, "/srv", "", 2**32 - 2),
     Accept(0, bytes(32), ""), Accept(2**64 - 1, b"\xff" * 32, "\U0010FFFF"),
     Refuse(0, ""), Refuse(2**32 - 1, "x" * 4000),
     Ping(), StatusRequest(), Pong(""), Pong("{}"), StatusReply('{"targets": []}'),

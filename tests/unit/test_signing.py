@@ -523,11 +523,18 @@ def test_verify_random_bytes_never_verify(share: bytes, ht: int, f_handle: bytes
 
 
 def test_share_id_from_handle() -> None:
-    got = signing.share_id_from_handle(1, b"\x01\x02")
-    expected = hashlib.sha256(b"fhmon/share/v1\x00" + b"\x00\x00\x00\x01" + b"\x01\x02").digest()
+    fs = b"uuid:" + bytes(range(16))
+    got = signing.share_id_from_handle(1, b"\x01\x02", fs)
+    expected = hashlib.sha256(b"fhmon/share/v2\x00" + bytes([len(fs)]) + fs
+                              + b"\x00\x00\x00\x01" + b"\x01\x02").digest()
     assert got == expected
     assert len(got) == sh.SHARE_ID_SIZE
-    negative = signing.share_id_from_handle(-2, b"")
-    assert negative == hashlib.sha256(b"fhmon/share/v1\x00\xff\xff\xff\xfe").digest()
-    assert signing.share_id_from_handle(2, b"\x01\x02") != got
-    assert signing.share_id_from_handle(1, b"\x01\x03") != got
+    negative = signing.share_id_from_handle(-2, b"", b"")
+    assert negative == hashlib.sha256(b"fhmon/share/v2\x00\x00\xff\xff\xff\xfe").digest()
+    assert signing.share_id_from_handle(2, b"\x01\x02", fs) != got
+    assert signing.share_id_from_handle(1, b"\x01\x03", fs) != got
+    # the same root handle on another filesystem is another share
+    assert signing.share_id_from_handle(1, b"\x01\x02", b"uuid:" + bytes(16)) != got
+    assert signing.share_id_from_handle(1, b"\x01\x02", b"") != got
+    with pytest.raises(ValueError):
+        signing.share_id_from_handle(1, b"", b"x" * 256)

@@ -26,6 +26,7 @@ def share(**kw: object) -> wire.ShareInfo:
     wire.Start("/etc/fhmon/keys", True, "info", True, False),
     wire.AddTarget(3, 4242, 4240, 0, 0, "native", share()),
     wire.AddTarget(2**31, 1, 1, 65534, 65534, "oci", share(is_mount_root=True, share_id=b"")),
+    wire.AddTarget(5, 6, 7, 0, 0, "native", share(is_mount_root=True, whole_fs=True)),
     wire.RemoveTarget(3),
     wire.ReloadKeys(),
     wire.Ready(),

@@ -1,0 +1,1 @@
+"""KubeVirt integration: put the virtiofs containers of virt-launcher pods under fhmon."""

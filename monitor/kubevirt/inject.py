@@ -1,0 +1,548 @@
+"""Put KubeVirt's virtiofs containers under fhmon: text in, text out, nothing else touched.
+
+virt-controller renders one container `virtiofs-<volume>` per filesystem volume of a VMI
+(`/usr/libexec/virtiofsd --socket-path=... --shared-dir=/<volume> ...`, uid 107, no
+capabilities). For those whose pod volume is a PersistentVolumeClaim (PVC and DataVolume
+volumes both become one), the injection
+
+- wraps virtiofsd in `fhmon launch` run by a self-contained launcher that an init container
+  (from the fhmon image) copies into an emptyDir (the virt-launcher image has no Python);
+- requests the device-plugin resource whose Allocate mounts fhmon's socket directory into
+  the container (no hostPath in the pod);
+- gives virtiofsd `--inode-file-handles=prefer` and, where it already has a migration mode,
+  `--migration-mode=file-handles`.
+
+Why the text is edited rather than re-serialised: `fhmon inject` promises that every other
+document, pod, container and field stays byte-for-byte as it was (comments included), so the
+edits are applied to spans of the original text found through PyYAML's node marks. The
+webhook uses the same plan as a JSON Patch (`pod_patch`).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal
+
+import yaml
+
+VIRTIOFSD = "/usr/libexec/virtiofsd"
+CONTAINER_PREFIX = "virtiofs-"
+LAUNCHER_DIR = "/var/run/fhmon/launcher"
+LAUNCHER_VOLUME = "fhmon-launcher"
+LAUNCHER_INIT = "fhmon-launcher"
+QEMU_UID = 107
+# Seccomp profiles that would stack under fhmon's notify filter and answer the two handle
+# syscalls with EPERM first (an ERRNO result outranks USER_NOTIF), so fhmon would never be
+# asked. Pods confined so are left alone: they keep running as today, without handles.
+CONFINING_SECCOMP = frozenset({"RuntimeDefault", "Localhost"})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What the injected pieces point at; deploy/ and the webhook must agree on these."""
+
+    image: str = "fhmon"
+    socket: str = "/var/run/kubevirt/fhmon/fhmon.sock"
+    resource: str = "devices.kubevirt.io/fhmon"
+    # The launcher (CPython running `fhmon launch`) lives in the container's cgroup beside
+    # virtiofsd; KubeVirt's 80M limit was sized for virtiofsd alone.
+    memory_overhead: int = 64 * 1024 * 1024
+    # prefer: files that cannot have a handle (EOPNOTSUPP) keep an O_PATH fd as today instead
+    # of failing the guest's lookup; see docs/kubevirt.md.
+    inode_file_handles: Literal["prefer", "mandatory"] = "prefer"
+
+
+class InjectError(ValueError):
+    """The input is not YAML/JSON we can edit; the message says where."""
+
+
+Path = tuple[str | int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One JSON Patch operation; `path` ends in "-" to append to a list."""
+
+    op: Literal["add", "replace"]
+    path: Path
+    value: Any
+
+    def as_json_patch(self) -> dict[str, Any]:
+        pointer = "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in self.path)
+        return {"op": self.op, "path": pointer, "value": self.value}
+
+
+# --------------------------------------------------------------------------------------------
+# The plan for one Pod (pure data)
+
+
+def launcher_command(settings: Settings, share: str) -> list[str]:
+    """The prefix put before virtiofsd: the copied loader runs the copied CPython.
+
+    No environment is added: `-I` makes CPython find its prefix from its own path, and the
+    loader's --library-path does not reach the exec'ed virtiofsd (see bundle.py).
+    """
+    return [
+        f"{LAUNCHER_DIR}/ld.so", "--library-path", f"{LAUNCHER_DIR}/lib",
+        f"{LAUNCHER_DIR}/bin/python3", "-I", "-m", "monitor.kubevirt.bundled",
+        "launch", "--socket", settings.socket, "--share", share, "--",
+    ]
+
+
+def plan_pod(pod: Any, settings: Settings = Settings()) -> list[Op]:
+    """The operations that put the pod's PVC virtiofs containers under fhmon ([] if none)."""
+    if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
+        return []
+    spec = pod["spec"]
+    volumes = {v.get("name"): v for v in _list(spec.get("volumes")) if isinstance(v, dict)}
+    pod_seccomp = _seccomp_type(spec.get("securityContext"))
+    ops: list[Op] = []
+    for index, container in enumerate(_list(spec.get("containers"))):
+        volume = _pvc_virtiofs_volume(container, volumes)
+        if volume is None:
+            continue
+        seccomp = _seccomp_type(container.get("securityContext")) or pod_seccomp
+        if seccomp in CONFINING_SECCOMP:
+            continue
+        ops.append(Op("replace", ("spec", "containers", index),
+                      inject_container(container, volume, settings)))
+    if not ops:
+        return []
+    if LAUNCHER_VOLUME not in volumes:
+        ops.append(_append(spec, "volumes", launcher_volume()))
+    if not any(isinstance(c, dict) and c.get("name") == LAUNCHER_INIT
+               for c in _list(spec.get("initContainers"))):
+        ops.append(_append(spec, "initContainers", launcher_init_container(settings)))
+    return ops
+
+
+def pod_patch(pod: Any, settings: Settings = Settings()) -> list[dict[str, Any]]:
+    """RFC 6902 JSON Patch for one Pod: exactly the edits `inject` makes to its text."""
+    return [op.as_json_patch() for op in plan_pod(pod, settings)]
+
+
+def _append(spec: dict[str, Any], key: str, value: Any) -> Op:
+    if isinstance(spec.get(key), list):
+        return Op("add", ("spec", key, "-"), value)
+    # Absent (or null): create the list. "replace" for null so that a JSON Patch applies.
+    return Op("replace" if key in spec else "add", ("spec", key), [value])
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _seccomp_type(security_context: Any) -> str | None:
+    if isinstance(security_context, dict):
+        profile = security_context.get("seccompProfile")
+        if isinstance(profile, dict) and isinstance(profile.get("type"), str):
+            return str(profile["type"])
+    return None
+
+
+def _pvc_virtiofs_volume(container: Any, volumes: dict[Any, Any]) -> str | None:
+    """The volume name if this is KubeVirt's (not yet injected) virtiofsd of a PVC."""
+    if not isinstance(container, dict):
+        return None
+    name = container.get("name")
+    if not isinstance(name, str) or not name.startswith(CONTAINER_PREFIX):
+        return None
+    volume = name[len(CONTAINER_PREFIX):]
+    if container.get("command") != [VIRTIOFSD]:
+        return None  # already injected, or not KubeVirt's rendering
+    if not any(isinstance(m, dict) and m.get("name") == volume
+               and m.get("mountPath") == f"/{volume}"
+               for m in _list(container.get("volumeMounts"))):
+        return None
+    source = volumes.get(volume)
+    if not isinstance(source, dict) or not isinstance(source.get("persistentVolumeClaim"), dict):
+        return None  # ConfigMap, Secret, DownwardAPI, ServiceAccount...: no handles needed
+    return volume
+
+
+def inject_container(container: dict[str, Any], volume: str,
+                     settings: Settings = Settings()) -> dict[str, Any]:
+    """KubeVirt's virtiofs container, wrapped; key order kept, new keys appended."""
+    new = copy.deepcopy(container)
+    share = f"/{volume}"
+    new["command"] = launcher_command(settings, share) + list(container["command"])
+    new["args"] = virtiofsd_args(_list(container.get("args")), settings)
+    new["volumeMounts"] = [*_list(new.get("volumeMounts")),
+                           {"name": LAUNCHER_VOLUME, "mountPath": LAUNCHER_DIR, "readOnly": True}]
+    found = new.get("resources")
+    resources: dict[str, Any] = found if isinstance(found, dict) else {}
+    limits = dict(resources.get("limits") or {})
+    limits[settings.resource] = "1"
+    requests = resources.get("requests")
+    if "memory" in limits:
+        limit = limits["memory"]
+        limits["memory"] = add_quantity(limit, settings.memory_overhead)
+        if isinstance(requests, dict) and requests.get("memory") == limit:
+            # Raised with the limit only where they were equal: a Guaranteed pod
+            # (requests == limits) stays Guaranteed; others keep their request.
+            requests = {**requests, "memory": limits["memory"]}
+    resources = {**resources, "limits": limits}
+    if isinstance(requests, dict):
+        resources["requests"] = requests
+    new["resources"] = resources
+    return new
+
+
+def virtiofsd_args(args: Sequence[Any], settings: Settings = Settings()) -> list[Any]:
+    """virtiofsd's arguments with file handles on and, if it migrates, by handle."""
+    out: list[Any] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg == "--inode-file-handles":
+            skip = True
+            continue
+        if isinstance(arg, str) and arg.startswith("--inode-file-handles="):
+            continue
+        if arg == "--migration-mode":
+            out.append("--migration-mode=file-handles")
+            skip = True
+            continue
+        if isinstance(arg, str) and arg.startswith("--migration-mode="):
+            # Only where KubeVirt already asks for a mode: an older virtiofsd without
+            # migration support would refuse an unknown flag.
+            out.append("--migration-mode=file-handles")
+            continue
+        out.append(arg)
+    out.append(f"--inode-file-handles={settings.inode_file_handles}")
+    return out
+
+
+def launcher_volume() -> dict[str, Any]:
+    return {"name": LAUNCHER_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}
+
+
+def launcher_init_container(settings: Settings = Settings()) -> dict[str, Any]:
+    """Copies the self-contained launcher out of the fhmon image into the emptyDir."""
+    # requests == limits: keeps a Guaranteed (dedicated-CPU) virt-launcher pod Guaranteed.
+    # Measured: 33 MiB peak RSS for the copy (two interpreters), plus page cache.
+    amounts = {"cpu": "100m", "memory": "128Mi"}
+    return {
+        "name": LAUNCHER_INIT,
+        "image": settings.image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["install-launcher", LAUNCHER_DIR],
+        "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+        "securityContext": {
+            "runAsUser": QEMU_UID,
+            "runAsGroup": QEMU_UID,
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [{"name": LAUNCHER_VOLUME, "mountPath": LAUNCHER_DIR}],
+    }
+
+
+_SUFFIXES: dict[str, Decimal | int] = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+}
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$")
+
+
+def add_quantity(quantity: Any, extra: int) -> Any:
+    """A Kubernetes memory quantity plus at least `extra` bytes, in the same family of
+    suffixes where it can be (80M -> 148M, 80Mi -> 144Mi); unparseable values are left alone.
+    """
+    match = _QUANTITY.match(str(quantity).strip())
+    if match is None:
+        return quantity
+    suffix = match.group(2)
+    try:
+        total = Decimal(match.group(1)) * Decimal(_SUFFIXES[suffix])
+    except InvalidOperation:
+        return quantity
+    whole = int(total.to_integral_value(rounding="ROUND_CEILING"))
+    if suffix.endswith("i"):
+        return _format_bytes(whole + extra, 2**20, "Mi")
+    step = 10**6  # decimal suffixes: round the overhead up to whole megabytes
+    return _format_bytes(whole + -(-extra // step) * step, step, "M")
+
+
+def _format_bytes(value: int, unit: int, suffix: str) -> str:
+    return f"{value // unit}{suffix}" if value % unit == 0 else str(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Documents: which Pods a document holds
+
+
+def pods_in(document: Any) -> Iterator[tuple[Path, Any]]:
+    """(path, pod) for a Pod document or each Pod of a List (kind List, PodList, ...)."""
+    if not isinstance(document, dict):
+        return
+    if document.get("kind") == "Pod":
+        yield (), document
+    elif (isinstance(document.get("kind"), str) and document["kind"].endswith("List")
+          and isinstance(document.get("items"), list)):
+        for index, item in enumerate(document["items"]):
+            if isinstance(item, dict) and item.get("kind", "Pod") == "Pod":
+                yield ("items", index), item
+
+
+def plan_document(document: Any, settings: Settings = Settings()) -> list[Op]:
+    return [Op(op.op, prefix + op.path, op.value)
+            for prefix, pod in pods_in(document) for op in plan_pod(pod, settings)]
+
+
+# --------------------------------------------------------------------------------------------
+# Text: apply a plan to spans of the original
+
+
+@dataclass(frozen=True, slots=True)
+class _Edit:
+    start: int
+    end: int
+    text: str
+
+
+class _Document:
+    """One document's node tree (for spans) and how new text is written into it."""
+
+    def __init__(self, text: str, root: yaml.Node, is_json: bool, newline: str) -> None:
+        self.text = text
+        self.root = root
+        self.is_json = is_json
+        self.newline = newline
+        self.json_indent = _json_indent(text, root) if is_json else 0
+
+    def node_at(self, path: Path) -> yaml.Node:
+        node = self.root
+        for part in path:
+            if isinstance(node, yaml.MappingNode):
+                node = next(v for k, v in node.value if k.value == part)
+            elif isinstance(node, yaml.SequenceNode):
+                assert isinstance(part, int)
+                node = node.value[part]
+            else:
+                raise InjectError(f"no {part!r} in the document's structure")
+        return node
+
+    def edits(self, ops: Sequence[Op]) -> list[_Edit]:
+        out: list[_Edit] = []
+        for op in ops:
+            if op.op == "replace" and op.path[-1] != "-":
+                node = self.node_at(op.path)
+                if isinstance(node, yaml.ScalarNode):  # `volumes: null` / `volumes:`
+                    parent = self.node_at(op.path[:-1])
+                    out.append(self._set_key(parent, node, op.value))
+                else:
+                    out.append(_Edit(node.start_mark.index, _content_end(node),
+                                     self.render(op.value, node)))
+            elif op.path[-1] == "-":
+                out.append(self._append(self.node_at(op.path[:-1]), op.value))
+            else:
+                parent = self.node_at(op.path[:-1])
+                out.append(self._add_key(parent, str(op.path[-1]), op.value))
+        return out
+
+    def _flow(self, node: yaml.Node) -> bool:
+        return self.is_json or bool(getattr(node, "flow_style", False))
+
+    def render(self, value: Any, node: yaml.Node) -> str:
+        """`value` written to sit where `node` starts."""
+        if self._flow(node):
+            return self._json(value, _line_indent(self.text, node.start_mark.index))
+        return self._block(value, node.start_mark.column)
+
+    def _json(self, value: Any, base: int) -> str:
+        if self.json_indent:
+            text = json.dumps(value, indent=self.json_indent, default=str)
+        else:
+            text = json.dumps(value, default=str)
+        return (self.newline + " " * base).join(text.split("\n"))
+
+    def _block(self, value: Any, column: int) -> str:
+        text = yaml.dump(value, Dumper=_IndentedDumper, default_flow_style=False,
+                         sort_keys=False, allow_unicode=True, width=10**6).rstrip("\n")
+        return (self.newline + " " * column).join(text.split("\n"))
+
+    def _append(self, seq: yaml.Node, value: Any) -> _Edit:
+        assert isinstance(seq, yaml.SequenceNode)
+        if self._flow(seq):
+            if not seq.value:
+                closing = seq.end_mark.index - 1
+                return _Edit(closing, closing,
+                             self._json(value, _line_indent(self.text, seq.start_mark.index)))
+            last = seq.value[-1]
+            at = _content_end(last)
+            base = _line_indent(self.text, last.start_mark.index)
+            if "\n" in self.text[seq.start_mark.index:seq.end_mark.index]:
+                separator = "," + self.newline + " " * base
+            else:
+                separator = ", "
+            return _Edit(at, at, separator + self._json(value, base))
+        column = seq.start_mark.column
+        at = _content_end(seq)
+        return _Edit(at, at, self.newline + " " * column + "- " + self._block(value, column + 2))
+
+    def _add_key(self, mapping: yaml.Node, key: str, value: Any) -> _Edit:
+        assert isinstance(mapping, yaml.MappingNode)
+        if self._flow(mapping):
+            entry = json.dumps(key) + ": "
+            if not mapping.value:
+                closing = mapping.end_mark.index - 1
+                base = _line_indent(self.text, mapping.start_mark.index)
+                return _Edit(closing, closing, entry + self._json(value, base))
+            last_key, _ = mapping.value[-1]
+            at = _content_end(mapping)
+            base = _line_indent(self.text, last_key.start_mark.index)
+            multi_line = "\n" in self.text[mapping.start_mark.index:mapping.end_mark.index]
+            separator = ("," + self.newline + " " * base) if multi_line else ", "
+            return _Edit(at, at, separator + entry + self._json(value, base))
+        column = mapping.start_mark.column
+        at = _content_end(mapping)
+        return _Edit(at, at, self.newline + " " * column + self._keyed_block(key, value, column))
+
+    def _set_key(self, mapping: yaml.Node, scalar: yaml.Node, value: Any) -> _Edit:
+        """Replace a null value (`key:` or `key: null`) by a collection."""
+        if self._flow(mapping) or self._flow(scalar):
+            base = _line_indent(self.text, scalar.start_mark.index)
+            return _Edit(scalar.start_mark.index, scalar.end_mark.index, self._json(value, base))
+        key_node = next(k for k, v in mapping.value if v is scalar)
+        # `key:` alone gives an empty scalar whose marks sit at the colon.
+        end = max(scalar.end_mark.index, key_node.end_mark.index + 1)
+        return _Edit(key_node.start_mark.index, end,
+                     self._keyed_block(str(key_node.value), value, key_node.start_mark.column))
+
+    def _keyed_block(self, key: str, value: Any, column: int) -> str:
+        head = key + ":"
+        if isinstance(value, list) and value:
+            inner = column + 2
+            return head + self.newline + " " * inner + self._block(value, inner)
+        return head + " " + self._json(value, column)
+
+
+class _IndentedDumper(yaml.SafeDumper):  # type: ignore[misc]
+    """Lists indented under their key, the way Kubernetes manifests are usually written."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+def _content_end(node: yaml.Node) -> int:
+    """Where a node's own text ends: block collections' marks run on over comments."""
+    if isinstance(node, yaml.MappingNode) and not node.flow_style and node.value:
+        return _content_end(node.value[-1][1])
+    if isinstance(node, yaml.SequenceNode) and not node.flow_style and node.value:
+        return _content_end(node.value[-1])
+    return int(node.end_mark.index)
+
+
+def _line_indent(text: str, index: int) -> int:
+    line_start = text.rfind("\n", 0, index) + 1
+    line = text[line_start:index]
+    return len(line) - len(line.lstrip(" "))
+
+
+def _json_indent(text: str, root: yaml.Node) -> int:
+    """The indentation step of pretty-printed JSON (0 for compact JSON)."""
+    if isinstance(root, yaml.MappingNode) and root.value:
+        first_key = root.value[0][0]
+        if first_key.start_mark.line != root.start_mark.line:
+            return max(1, _line_indent(text, first_key.start_mark.index)
+                       - _line_indent(text, root.start_mark.index))
+    return 0
+
+
+def inject(text: str, settings: Settings = Settings()) -> str:
+    """`fhmon inject`: the text with its Pods' PVC virtiofs containers under fhmon.
+
+    Output is input except for the spans that change; injecting twice equals injecting once.
+    """
+    try:
+        return _inject(text, settings)
+    except RecursionError:
+        raise InjectError("the input is nested too deeply") from None
+
+
+def _inject(text: str, settings: Settings) -> str:
+    newline = "\r\n" if "\r\n" in text else "\n"
+    if _looks_json(text):
+        documents = list(_json_documents(text, newline, settings))
+    else:
+        documents = list(_yaml_documents(text, newline))
+    edits: list[_Edit] = []
+    for document, value in documents:
+        edits.extend(document.edits(plan_document(value, settings)))
+    edits.sort(key=lambda e: e.start)
+    for earlier, later in itertools.pairwise(edits):
+        if earlier.end > later.start:
+            raise InjectError("overlapping edits (please report this input)")
+    out = text
+    for edit in reversed(edits):
+        out = out[:edit.start] + edit.text + out[edit.end:]
+    return out
+
+
+def _looks_json(text: str) -> bool:
+    """JSON in, JSON out; YAML flow style (`{kind: Pod}`) also starts with a brace."""
+    stripped = text.lstrip()
+    if stripped[:1] not in ("{", "["):
+        return False
+    try:
+        json.JSONDecoder().raw_decode(stripped)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _yaml_documents(text: str, newline: str) -> Iterator[tuple[_Document, Any]]:
+    loader = yaml.SafeLoader(text)
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            yield _Document(text, node, False, newline), loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise InjectError(f"not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def _json_documents(text: str, newline: str,
+                    settings: Settings) -> Iterator[tuple[_Document, Any]]:
+    """One JSON value, or several one after another (a stream, like `kubectl get -o json`)."""
+    decoder = json.JSONDecoder()
+    at = 0
+    while True:
+        while at < len(text) and text[at] in " \t\r\n":
+            at += 1
+        if at >= len(text):
+            return
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except json.JSONDecodeError as exc:
+            raise InjectError(f"not valid JSON: {exc}") from None
+        if plan_document(value, settings):
+            # Spans through PyYAML (JSON is YAML flow), its marks indexing the whole text.
+            try:
+                node = yaml.compose(_blank_before(text[:end], at), Loader=yaml.SafeLoader)
+            except yaml.YAMLError as exc:
+                raise InjectError(f"JSON that PyYAML cannot read: {exc}") from None
+            if node is not None:
+                yield _Document(text, node, True, newline), value
+        at = end
+
+
+def _blank_before(text: str, at: int) -> str:
+    """`text` with everything before `at` blanked (newlines kept), so marks index `text`."""
+    return "".join(c if c == "\n" else " " for c in text[:at]) + text[at:]

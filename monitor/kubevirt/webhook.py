@@ -1,0 +1,185 @@
+"""`fhmon webhook`: a mutating admission webhook giving virt-launcher pods what `fhmon inject`
+gives their manifests.
+
+POST /mutate takes an AdmissionReview (admission.k8s.io/v1) and answers allowed: true with,
+for a Pod that has KubeVirt virtiofs containers of PVC volumes, the JSON Patch of
+`inject.pod_patch`. It never refuses a pod: fhmon is an improvement, not a gate (a pod it
+cannot or need not change is allowed unchanged). A review it cannot read is a 400 with a
+message; the API server then applies the webhook's failurePolicy. GET /healthz says the
+process serves; GET /readyz says a certificate is loaded and its files still load.
+
+The serving certificate is re-read when its files change (a cert-manager renewal or a
+kubelet Secret-volume update swaps them), checked on every new connection by stat(): an
+update that is half written (a key that does not match the certificate) keeps the previous
+certificate until the pair loads again.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from monitor import http, log
+from monitor.http import Request, Response
+from monitor.kubevirt import inject
+
+# An AdmissionReview carries the whole Pod (and, for updates, the old one); the API server
+# stores objects of up to 1.5 MiB, so 4 MiB bounds every real review.
+LIMITS = http.Limits(max_connections=64, max_header_bytes=16384, max_body_bytes=4 * 2**20,
+                     request_timeout=10.0, idle_timeout=30.0, max_requests_per_connection=1000)
+ADMISSION_API = "admission.k8s.io/v1"
+DEFAULT_SETTINGS = inject.Settings()
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview we can answer; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    uid: str
+    pod: Any  # request.object; None for operations without one (DELETE, CONNECT)
+    operation: str
+
+
+def parse_review(body: bytes) -> Review:
+    """The parts of an AdmissionReview v1 request the webhook uses; BadReview otherwise."""
+    try:
+        review = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadReview(f"body is not JSON: {exc}") from None
+    except RecursionError:
+        raise BadReview("body is not JSON we read: nested too deeply") from None
+    if not isinstance(review, dict):
+        raise BadReview("an AdmissionReview is a JSON object")
+    if review.get("apiVersion") != ADMISSION_API or review.get("kind") != "AdmissionReview":
+        raise BadReview(f"expected apiVersion {ADMISSION_API} and kind AdmissionReview, got "
+                        f"{review.get('apiVersion')!r} {review.get('kind')!r}")
+    request = review.get("request")
+    if not isinstance(request, dict):
+        raise BadReview("the AdmissionReview has no request")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid is missing")
+    pod = request.get("object")
+    if pod is not None and not isinstance(pod, dict):
+        raise BadReview("request.object is not an object")
+    operation = request.get("operation")
+    return Review(uid, pod, operation if isinstance(operation, str) else "")
+
+
+def review_response(review: Review, settings: inject.Settings) -> dict[str, Any]:
+    """allowed: true, with the patch when the pod has something for fhmon."""
+    response: dict[str, Any] = {"uid": review.uid, "allowed": True}
+    if review.operation in ("CREATE", "") and review.pod is not None and (
+            review.pod.get("kind", "Pod") == "Pod"):
+        patch = inject.pod_patch(review.pod, settings)
+        if patch:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(
+                json.dumps(patch, separators=(",", ":")).encode()).decode("ascii")
+    return {"apiVersion": ADMISSION_API, "kind": "AdmissionReview", "response": response}
+
+
+def make_handler(settings: inject.Settings, certificates: CertificateFiles) -> http.Handler:
+    async def mutate(request: Request) -> Response:
+        try:
+            review = parse_review(request.body)
+        except BadReview as exc:
+            log.event("webhook_bad_review", logging.WARNING, error=str(exc))
+            return http.text(400, str(exc))
+        try:
+            answer = review_response(review, settings)
+        except RecursionError:  # an object nested deeper than the API server would send
+            log.event("webhook_bad_review", logging.WARNING, error="nested too deeply")
+            return http.text(400, "request.object is nested too deeply")
+        patched = "patch" in answer["response"]
+        log.event("webhook_reviewed", logging.DEBUG, uid=review.uid, patched=patched)
+        return Response(200, json.dumps(answer).encode(), content_type="application/json")
+
+    async def healthz(request: Request) -> Response:
+        return http.text(200, "ok")
+
+    async def readyz(request: Request) -> Response:
+        problem = certificates.problem()
+        return http.text(503, problem) if problem else http.text(200, "ok")
+
+    return http.route({"/mutate": {"POST": mutate}, "/healthz": {"GET": healthz},
+                       "/readyz": {"GET": readyz}})
+
+
+class CertificateFiles:
+    """The server's TLS context from a certificate and key file, re-loaded when they change.
+
+    Called for every new connection (monitor.http's ssl_context); a stat() of both files
+    tells whether to load again (inode, size, mtime: a Secret volume swaps a symlink, an
+    in-place rewrite changes the mtime).
+    """
+
+    def __init__(self, cert: str, key: str) -> None:
+        self.cert = cert
+        self.key = key
+        self._signature: tuple[Any, ...] | None = None
+        self._context: ssl.SSLContext | None = None
+        self._problem: str | None = None
+        self.loads = 0
+        self()  # fail at start-up, not at the first connection
+        if self._context is None:
+            raise OSError(f"cannot load the TLS certificate: {self._problem}")
+
+    def _stat(self) -> tuple[Any, ...]:
+        out: list[Any] = []
+        for path in (self.cert, self.key):
+            st = os.stat(path)
+            out += [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+        return tuple(out)
+
+    def __call__(self) -> ssl.SSLContext:
+        try:
+            signature = self._stat()
+        except OSError as exc:
+            self._problem = f"{exc.filename}: {exc.strerror}"
+            if self._context is None:
+                raise
+            return self._context  # files gone for a moment (a swap): keep serving
+        if signature != self._signature or self._context is None:
+            try:
+                context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                context.minimum_version = ssl.TLSVersion.TLSv1_2
+                context.load_cert_chain(self.cert, self.key)
+            except (OSError, ssl.SSLError) as exc:
+                self._problem = f"cannot load {self.cert} / {self.key}: {exc}"
+                log.event("webhook_certificate_failed", logging.WARNING, error=self._problem)
+                if self._context is None:
+                    raise
+                return self._context
+            self._context = context
+            self._signature = signature
+            self._problem = None
+            self.loads += 1
+            if self.loads > 1:
+                log.event("webhook_certificate_reloaded", cert=self.cert)
+        return self._context
+
+    def problem(self) -> str | None:
+        """Why the current files do not load (None when they do)."""
+        try:
+            self()
+        except (OSError, ssl.SSLError) as exc:
+            return str(exc)
+        return self._problem
+
+
+async def serve(address: str, certificates: CertificateFiles,
+                settings: inject.Settings = DEFAULT_SETTINGS, limits: http.Limits = LIMITS,
+                task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
+                ) -> None:
+    await http.serve(make_handler(settings, certificates), address, name="webhook",
+                     limits=limits, ssl_context=certificates, task_status=task_status)

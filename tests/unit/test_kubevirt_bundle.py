@@ -1,0 +1,261 @@
+"""`fhmon install-launcher`: the copied launcher runs with none of the installer's files."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monitor.kubevirt import inject as kv
+
+CLONE_NEWNS = 0x20000
+MS_REC, MS_PRIVATE = 0x4000, 0x40000
+
+
+def _hide_the_installer() -> None:
+    """In the child: a mount namespace where /usr (so the system's libraries and Python,
+    /lib and /bin being links into it) and this checkout are empty tmpfs mounts."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)
+    here = Path(__file__).resolve().parents[2]
+    hidden = [Path("/usr"), here]
+    if not Path(sys.prefix).resolve().is_relative_to(here):
+        hidden.append(Path(sys.prefix).resolve())
+    for path in hidden:
+        if libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", 0, None) != 0:
+            raise OSError(ctypes.get_errno(), f"mount tmpfs on {path!r}")
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
+
+
+def launcher_argv(root: Path, *args: str) -> list[str]:
+    """The injected command line, with the launcher directory moved to `root`."""
+    command = kv.launcher_command(kv.Settings(), "/data")
+    moved = [a.replace(kv.LAUNCHER_DIR, str(root)) for a in command]
+    return moved[:moved.index("launch")] + list(args)
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Iterator[Path]:
+    # Readable by other users (pytest's tmp dirs are 0700): the launcher runs as one.
+    parent = Path(tempfile.mkdtemp(prefix="fhmon-bundle-", dir="/tmp"))
+    parent.chmod(0o755)
+    root = parent / "launcher"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "monitor.cli", "install-launcher", str(root)],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "monitor" in result.stderr and "trio" in result.stderr
+        yield root
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_layout(bundle: Path) -> None:
+    assert (bundle / "ld.so").is_file() and (bundle / "bin" / "python3").is_file()
+    py = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for module in ("os.py", "monitor/launcher.py", "monitor/kubevirt/bundled.py", "trio",
+                   "pyseccomp.py", "construct", "lib-dynload"):
+        assert (bundle / "lib" / py / module).exists(), module
+    assert any(p.name.startswith("libseccomp.so") for p in (bundle / "lib").iterdir())
+    assert not (bundle / "lib" / py / "site-packages").exists()
+
+
+@needs_root
+def test_runs_with_the_installer_hidden(bundle: Path) -> None:
+    # No /usr, no checkout, no venv, empty environment: only the bundle.
+    result = subprocess.run(launcher_argv(bundle, "launch", "--help"), env={},
+                            preexec_fn=_hide_the_installer, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "--socket" in result.stdout
+    # pyseccomp found the copied libseccomp and compiled the filter program.
+    probe = ("from monitor.kubevirt import bundled; from monitor import seccomp_filter; "
+             "print(len(seccomp_filter.build_program()))")
+    argv = launcher_argv(bundle, "-c", probe)
+    argv.remove("-m")
+    argv.remove("monitor.kubevirt.bundled")
+    result = subprocess.run(argv, env={}, preexec_fn=_hide_the_installer, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) % 8 == 0 and int(result.stdout) > 0
+
+
+@needs_root
+def test_unreachable_fhmon_is_a_message_not_a_traceback(bundle: Path, tmp_path: Path) -> None:
+    result = subprocess.run(
+        launcher_argv(bundle, "launch", "--socket", str(tmp_path / "none.sock"), "--share",
+                      str(tmp_path), "--", "/bin/true"),
+        env={}, preexec_fn=_hide_the_installer, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_reinstall_starts_clean(bundle: Path, tmp_path: Path) -> None:
+    root = tmp_path / "again"
+    root.mkdir()
+    (root / "stale").write_text("x")
+    from monitor.kubevirt.bundle import install_launcher
+
+    made = install_launcher(root)
+    assert not (root / "stale").exists() and made.size > 10 * 2**20
+
+
+PROBE = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+pidfd = os.pidfd_open(os.getppid())
+got = libc.syscall(438, pidfd, 3, 0)  # pidfd_getfd(the launcher, its fd 3, 0)
+print("pidfd_getfd", got, errno.errorcode.get(ctypes.get_errno(), "0") if got < 0 else "ok")
+"""
+
+
+def steal_from_launcher(bundle: Path, uid: int = 65534) -> list[str]:
+    """Run PROBE as `uid` under the bundled launcher (a fake fhmon accepts the registration):
+    the child's pidfd_getfd() of its launcher's fd 3, as ["pidfd_getfd", result, errno]."""
+    import socket as so
+
+    from protocol import native
+
+    base = Path(tempfile.mkdtemp(prefix="fhmon-bundle-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        sock_path = base / "fhmon.sock"
+        server = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+        server.bind(str(sock_path))
+        sock_path.chmod(0o777)
+        server.listen()
+        server.settimeout(30)
+        argv = launcher_argv(bundle, "launch", "--socket", str(sock_path), "--share", str(base),
+                             "--", sys.executable, "-I", "-c", PROBE)
+        proc = subprocess.Popen(argv, env={}, user=uid, group=uid, extra_groups=[],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            conn, _ = server.accept()
+            conn.settimeout(30)
+            decoder = native.FrameDecoder()
+            fds: list[int] = []
+            while (hello := decoder.next_message()) is None:
+                data, got, _, _ = so.recv_fds(conn, 65536, 4)
+                fds += got
+                assert data, "the launcher hung up"
+                decoder.feed(data)
+            assert isinstance(hello, native.Hello) and len(fds) == 1
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(native.encode(native.Accept(1, bytes(32), "ok")))
+            out, err = proc.communicate(timeout=60)
+            conn.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            server.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert proc.returncode == 0, err
+    return out.split()
+
+
+@needs_root
+def test_the_launched_command_cannot_take_fds_from_the_launcher(bundle: Path) -> None:
+    """Same uid (KubeVirt's 107) for launcher and virtiofsd: the launcher is non-dumpable after
+    its fork, so its child cannot pidfd_getfd() (nor ptrace) it. A fake fhmon accepts."""
+    assert steal_from_launcher(bundle) == ["pidfd_getfd", "-1", "EPERM"]
+
+
+def _accept_hello(server: Any) -> Any:
+    """One registration on the fake fhmon: the Hello (its fd closed), answered Accept."""
+    import socket as so
+
+    from protocol import native
+
+    conn, _ = server.accept()
+    conn.settimeout(30)
+    decoder = native.FrameDecoder()
+    while (hello := decoder.next_message()) is None:
+        data, fds, _, _ = so.recv_fds(conn, 65536, 4)
+        for fd in fds:
+            os.close(fd)
+        assert data, "the launcher hung up"
+        decoder.feed(data)
+    conn.sendall(native.encode(native.Accept(1, bytes(32), "ok")))
+    return conn, hello
+
+
+@needs_root
+def test_registers_again_through_the_read_only_socket_directory(bundle: Path) -> None:
+    """A rolling upgrade of fhmon, as the injected container sees it: the device plugin's
+    read-only mount of the socket directory shows the socket the new fhmon creates, and the
+    launcher (in a pod-like root: only the host's /usr, uid 107) registers with it."""
+    import json as js
+    import signal
+    import socket as so
+
+    from protocol import native
+
+    base = Path(tempfile.mkdtemp(prefix="fhmon-upgrade-", dir="/tmp"))
+    base.chmod(0o755)
+    host_dir = base / "host-fhmon"
+    share = base / "share"
+    for d in (host_dir, share, base / "root"):
+        d.mkdir(mode=0o755)
+    os.chown(share, 107, 107)
+    sock_path = host_dir / "fhmon.sock"
+
+    def listen() -> so.socket:
+        server = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+        server.bind(str(sock_path))
+        sock_path.chmod(0o777)
+        server.listen()
+        server.settimeout(30)
+        return server
+
+    settings = kv.Settings()
+    spec = {"root": str(base / "root"), "host": ["/usr", "/etc", "/dev", "/proc"],
+            "links": {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64",
+                      "sbin": "usr/sbin"},
+            "mounts": [{"source": str(bundle), "target": kv.LAUNCHER_DIR, "readonly": True},
+                       {"source": str(host_dir), "target": settings.socket.rpartition("/")[0],
+                        "readonly": True},
+                       {"source": str(share), "target": "/data", "readonly": False}],
+            "files": {}, "uid": 107, "gid": 107, "groups": [107],
+            "argv": [*kv.launcher_command(settings, "/data"), "/usr/bin/sleep", "60"],
+            "env": {"PATH": "/usr/bin:/bin"}}
+    (base / "spec.json").write_text(js.dumps(spec))
+    runtime = Path(__file__).parents[1] / "e2e" / "pod_runtime.py"
+    server = listen()
+    proc = subprocess.Popen([sys.executable, str(runtime), str(base / "spec.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            process_group=0)
+    try:
+        first_conn, first = _accept_hello(server)
+        # The old fhmon goes away (its pod is replaced); the new one makes a new socket.
+        server.close()
+        sock_path.unlink()
+        first_conn.close()
+        server = listen()
+        second_conn, second = _accept_hello(server)
+        second_conn.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+        server.close()
+        shutil.rmtree(base, ignore_errors=True)
+    assert isinstance(first, native.Hello) and isinstance(second, native.Hello), err
+    assert (second.target_pid, second.share) == (first.target_pid, "/data"), err
+    assert "registering again" in err, err

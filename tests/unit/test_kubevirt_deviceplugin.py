@@ -1,0 +1,199 @@
+"""`fhmon device-plugin` spoken to as the kubelet does: over real unix sockets, with grpcio.
+
+A fake kubelet serves the Registration service on kubelet.sock; when the plugin registers,
+it dials the plugin's endpoint and calls GetDevicePluginOptions, ListAndWatch and Allocate,
+as the kubelet's device manager does. (asyncio, not trio: grpcio's async API is asyncio's;
+each test runs its own loop.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from monitor.kubevirt import deviceplugin
+from monitor.kubevirt.deviceplugin import PluginConfig
+from protocol import deviceplugin as api
+
+TIMEOUT = 10.0
+
+
+class FakeKubelet:
+    """The kubelet's side: Registration server, then a client of the plugin's endpoint."""
+
+    def __init__(self, plugin_dir: Path, refuse: int = 0) -> None:
+        self.plugin_dir = plugin_dir
+        self.registrations: asyncio.Queue[Any] = asyncio.Queue()
+        self.refuse = refuse  # refuse this many registrations first
+        self.server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        async def register(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if self.refuse > 0:
+                self.refuse -= 1
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "resource name taken")
+            await self.registrations.put(request)
+            return api.Empty()
+
+        handler = grpc.method_handlers_generic_handler(api.REGISTRATION_SERVICE, {
+            "Register": grpc.unary_unary_rpc_method_handler(
+                register, request_deserializer=api.RegisterRequest.FromString,
+                response_serializer=api.Empty.SerializeToString)})
+        self.server = grpc.aio.server()
+        self.server.add_generic_rpc_handlers((handler,))
+        self.server.add_insecure_port(f"unix://{self.plugin_dir / api.KUBELET_SOCKET}")
+        await self.server.start()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(grace=0)
+
+    async def next_registration(self) -> Any:
+        return await asyncio.wait_for(self.registrations.get(), TIMEOUT)
+
+    @contextlib.asynccontextmanager
+    async def dial(self, endpoint: str) -> AsyncIterator[Callable[..., Any]]:
+        """A channel to the plugin; yields call(method, request, response_type, stream)."""
+        async with grpc.aio.insecure_channel(f"unix://{self.plugin_dir / endpoint}") as channel:
+            def call(name: str, request: Any, response: Any, stream: bool = False) -> Any:
+                path = api.method(api.DEVICE_PLUGIN_SERVICE, name)
+                factory = channel.unary_stream if stream else channel.unary_unary
+                return factory(path, request_serializer=type(request).SerializeToString,
+                               response_deserializer=response.FromString)(request,
+                                                                          timeout=None if stream
+                                                                          else TIMEOUT)
+            yield call
+
+
+def listening_socket(path: Path) -> socket.socket:
+    """fhmon's socket as the DaemonSet leaves it: a bound unix socket."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen()
+    return sock
+
+
+def scenario(tmp_path: Path, body: Callable[[FakeKubelet, PluginConfig, Path],
+                                            Awaitable[None]], refuse: int = 0) -> None:
+    plugin_dir = tmp_path / "device-plugins"
+    socket_dir = tmp_path / "fhmon"
+    plugin_dir.mkdir()
+    socket_dir.mkdir()
+    config = PluginConfig(plugin_dir=str(plugin_dir), socket_dir=str(socket_dir), devices=5,
+                          poll_interval=0.1)
+
+    async def main() -> None:
+        kubelet = FakeKubelet(plugin_dir, refuse)
+        await kubelet.start()
+        plugin = asyncio.create_task(deviceplugin.run(config))
+        try:
+            await body(kubelet, config, socket_dir)
+        finally:
+            plugin.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await plugin
+            await kubelet.stop()
+
+    asyncio.run(main())
+
+
+def test_register_list_and_watch_allocate(tmp_path: Path) -> None:
+    async def body(kubelet: FakeKubelet, config: PluginConfig, socket_dir: Path) -> None:
+        fhmon = listening_socket(socket_dir / "fhmon.sock")
+        registration = await kubelet.next_registration()
+        assert registration.version == "v1beta1"
+        assert registration.resource_name == "devices.kubevirt.io/fhmon"
+        assert registration.endpoint == "fhmon.sock"
+        assert (Path(config.plugin_dir) / registration.endpoint).is_socket()
+        async with kubelet.dial(registration.endpoint) as call:
+            options = await call("GetDevicePluginOptions", api.Empty(), api.DevicePluginOptions)
+            assert not options.pre_start_required
+            stream = call("ListAndWatch", api.Empty(), api.ListAndWatchResponse, stream=True)
+            first = await asyncio.wait_for(stream.read(), TIMEOUT)
+            ids = [d.ID for d in first.devices]
+            assert len(ids) == 5 and len(set(ids)) == 5
+            assert {d.health for d in first.devices} == {"Healthy"}
+            reply = await call("Allocate", api.AllocateRequest(container_requests=[
+                api.ContainerAllocateRequest(devices_ids=[ids[0]]),
+                api.ContainerAllocateRequest(devices_ids=[ids[1]])]), api.AllocateResponse)
+            assert len(reply.container_responses) == 2
+            for response in reply.container_responses:
+                (mount,) = response.mounts
+                assert mount.host_path == mount.container_path == str(socket_dir)
+                assert mount.read_only
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call("Allocate", api.AllocateRequest(container_requests=[
+                    api.ContainerAllocateRequest(devices_ids=["gpu-0"])]), api.AllocateResponse)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            # fhmon's socket goes away: the devices turn Unhealthy, and back; every open
+            # stream is told (a kubelet may hold a stale one across a re-registration).
+            other = call("ListAndWatch", api.Empty(), api.ListAndWatchResponse, stream=True)
+            assert len((await asyncio.wait_for(other.read(), TIMEOUT)).devices) == 5
+            fhmon.close()
+            os.unlink(socket_dir / "fhmon.sock")
+            second = await asyncio.wait_for(stream.read(), TIMEOUT)
+            assert {d.health for d in second.devices} == {"Unhealthy"}
+            second_other = await asyncio.wait_for(other.read(), TIMEOUT)
+            assert {d.health for d in second_other.devices} == {"Unhealthy"}
+            other.cancel()
+            fhmon = listening_socket(socket_dir / "fhmon.sock")
+            third = await asyncio.wait_for(stream.read(), TIMEOUT)
+            assert {d.health for d in third.devices} == {"Healthy"}
+            stream.cancel()
+        fhmon.close()
+
+    scenario(tmp_path, body)
+
+
+def test_registers_again_after_a_kubelet_restart(tmp_path: Path) -> None:
+    async def body(kubelet: FakeKubelet, config: PluginConfig, socket_dir: Path) -> None:
+        first = await kubelet.next_registration()
+        # A restarting kubelet empties its device-plugins directory.
+        os.unlink(Path(config.plugin_dir) / first.endpoint)
+        again = await kubelet.next_registration()
+        assert again.resource_name == first.resource_name
+        async with kubelet.dial(again.endpoint) as call:
+            stream = call("ListAndWatch", api.Empty(), api.ListAndWatchResponse, stream=True)
+            devices = (await asyncio.wait_for(stream.read(), TIMEOUT)).devices
+            # No fhmon socket in this test: the devices exist but are Unhealthy.
+            assert len(devices) == 5 and {d.health for d in devices} == {"Unhealthy"}
+            stream.cancel()
+
+    scenario(tmp_path, body)
+
+
+def test_a_refused_registration_is_retried(tmp_path: Path) -> None:
+    async def body(kubelet: FakeKubelet, config: PluginConfig, socket_dir: Path) -> None:
+        registration = await kubelet.next_registration()
+        assert kubelet.refuse == 0 and registration.endpoint == "fhmon.sock"
+
+    scenario(tmp_path, body, refuse=2)
+
+
+def test_wire_bytes_match_the_kubelet_proto() -> None:
+    """Field numbers and types as in deviceplugin/v1beta1/api.proto, checked on the bytes."""
+    mount = api.Mount(container_path="/a", host_path="/b", read_only=True)
+    # field 1 string "/a", field 2 string "/b", field 3 varint 1
+    assert mount.SerializeToString() == bytes.fromhex("0a022f61" "12022f62" "1801")
+    response = api.AllocateResponse(container_responses=[
+        api.ContainerAllocateResponse(mounts=[mount])])
+    # AllocateResponse.container_responses = 1; ContainerAllocateResponse.mounts = 2
+    assert response.SerializeToString() == bytes.fromhex("0a0c" "120a") + mount.SerializeToString()
+    request = api.RegisterRequest(version="v1beta1", endpoint="e", resource_name="x/y",
+                                  options=api.DevicePluginOptions())
+    assert request.SerializeToString() == b"\n\x07v1beta1\x12\x01e\x1a\x03x/y\x22\x00"
+    device = api.Device(ID="d", health="Healthy")
+    assert device.SerializeToString() == b"\n\x01d\x12\x07Healthy"
+    # The kubelet's AllocateRequest: container_requests = 1, devices_ids = 1.
+    parsed = api.AllocateRequest.FromString(bytes.fromhex("0a07" "0a05") + b"dev-0")
+    assert list(parsed.container_requests[0].devices_ids) == ["dev-0"]
+    # A field fhmon does not declare (envs = 1 in ContainerAllocateResponse) is skipped.
+    assert api.ContainerAllocateResponse.FromString(b"\x0a\x00").mounts == []
