@@ -15,7 +15,7 @@ from monitor.handlers.registry import Dispatcher, syscall_name
 from monitor.listener import Listener
 from monitor.policy import Share
 from monitor.signing import KeyRing
-from monitor.target import TargetThread, ThreadCache
+from monitor.target import RESOURCE_ERRNOS, TargetThread, ThreadCache
 from protocol import kernel
 
 
@@ -77,6 +77,10 @@ class Answerer:
         Another uid's call is answered EPERM, as without fhmon."""
         try:
             uid = thread.status.uid
+        except OSError as exc:  # fhmon out of fds or memory: the kernel's answer
+            if exc.errno in RESOURCE_ERRNOS:
+                target.listener.respond(thread.notif.id, error=exc.errno)
+            return False
         except Exception:
             return False  # gone
         if uid == target.peer.uid:

@@ -7,7 +7,8 @@ enforces limits, so that nothing a client does on one connection can reach the s
   handler) ends that connection and is logged; only a failure of the listening socket itself
   (other than running out of fds or memory, which is waited out) stops `serve`;
 - at most `Limits.max_connections` connections are served at once (fewer when the process's
-  fd limit is low); a connection over the cap is closed at once, so a flood holds no fds;
+  fd limit is low); beyond the cap nothing is accepted: further connections wait in the
+  kernel's listen backlog, so a flood holds no fd of ours and costs no CPU;
 - a request's head is bounded (431), its body too (413), and the whole request must arrive
   within `request_timeout` (408, then close): a slowloris client holds its slot for that long
   at most; an idle keep-alive connection is closed after `idle_timeout`;
@@ -23,6 +24,7 @@ import resource
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import h11
@@ -38,6 +40,7 @@ RECEIVE_SIZE = 16384
 # The share of the process's fd limit HTTP connections may take at most: the rest is the
 # data plane's (pidfds, opened files on their way into targets, listeners).
 FD_SHARE = 4
+PACE, SMALL_READ = 0.25, 1024  # see _Connection._read_request
 CLOSE_GRACE = 1.0  # time to flush a last answer (or TLS close_notify) before the fd goes
 
 
@@ -131,9 +134,9 @@ async def serve(handler: Handler, address: str, *, name: str, limits: Limits = L
     host, port = parse_address(address)
     try:
         listeners = await trio.open_tcp_listeners(port, host=host)
-    except OSError as e:
-        raise OSError(e.errno, f"cannot listen on the {name} address {address}: "
-                               f"{e.strerror or e}") from e
+    except OSError as e:  # the caller words it (strerror stays the kernel's)
+        e.add_note(f"cannot listen on the {name} address {address}")
+        raise
     server = _Server(handler, name, limits, ssl_context)
     bound = [tuple(listener.socket.getsockname()[:2]) for listener in listeners]
     log.event(f"{name}_serving", address=address, max_connections=server.cap)
@@ -155,29 +158,28 @@ class _Server:
         self.limits = limits
         self.ssl_context = ssl_context
         self.cap = connection_cap(limits)
-        self.active = 0
-        self.refused = 0  # connections closed at once because the cap was reached
+        self.slots = trio.Semaphore(self.cap)  # one per connection being served
 
     async def accept_loop(self, listener: trio.SocketListener,
                           nursery: trio.Nursery) -> None:
         while True:
+            # At the cap, accept nothing: further connections wait in the kernel's listen
+            # backlog (no fd of ours, no CPU: a reconnect storm costs the data plane
+            # nothing) until a slot frees, at the latest request_timeout later.
+            await self.slots.acquire()
             try:
                 stream = await listener.accept()
             except OSError as e:
+                self.slots.release()
                 if e.errno not in CAPACITY_ERRNOS:
                     raise
                 log.event(f"{self.name}_accept_paused", logging.WARNING,
                           error=errno.errorcode.get(e.errno or 0, str(e.errno)))
                 await trio.sleep(CAPACITY_PAUSE)
                 continue
-            if self.active >= self.cap:
-                self.refused += 1
-                stream.socket.close()  # at once: the flood must not hold our fds
-                if self.refused == 1 or self.refused % 1000 == 0:
-                    log.event(f"{self.name}_connection_refused", logging.WARNING,
-                              reason="too many connections", refused=self.refused)
-                continue
-            self.active += 1
+            except BaseException:
+                self.slots.release()
+                raise
             nursery.start_soon(self.connection, stream)
 
     async def connection(self, stream: trio.SocketStream) -> None:
@@ -194,14 +196,16 @@ class _Server:
             log.event(f"{self.name}_connection_failed", logging.ERROR, exc_info=True,
                       error=_describe(e))
         finally:
-            self.active -= 1
-            with trio.move_on_after(CLOSE_GRACE) as closing:
-                closing.shield = True
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError,
-                                         OSError, ssl.SSLError):
-                    await transport.aclose()
-            if closing.cancelled_caught:
-                await trio.aclose_forcefully(stream)
+            try:
+                with trio.move_on_after(CLOSE_GRACE) as closing:
+                    closing.shield = True
+                    with contextlib.suppress(trio.BrokenResourceError,
+                                             trio.ClosedResourceError, OSError, ssl.SSLError):
+                        await transport.aclose()
+                if closing.cancelled_caught:
+                    await trio.aclose_forcefully(stream)
+            finally:
+                self.slots.release()  # once the fd is closed
 
 
 def _describe(e: BaseException) -> str:
@@ -274,10 +278,21 @@ class _Connection:
     async def _read_request(self) -> Request | None:
         head: h11.Request | None = None
         body = bytearray()
+        small_reads = 0  # reads in a row that were small and left the request incomplete
         while True:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
-                await self.receive()  # at EOF h11 says ConnectionClosed or raises
+                if self.h11.they_are_waiting_for_100_continue:  # curl does, for a body
+                    await self.stream.send_all(self.h11.send(
+                        h11.InformationalResponse(status_code=100, headers=[])) or b"")
+                if small_reads >= 2:
+                    # A client trickling its request: read it at most every PACE seconds,
+                    # so that slowloris bytes do not wake fhmon's loop (which answers the
+                    # calls too) once per byte. A whole request, or one in two pieces, or
+                    # a body in full segments, is never paced.
+                    await trio.sleep(PACE)
+                got = await self.receive()  # at EOF h11 says ConnectionClosed or raises
+                small_reads = small_reads + 1 if 0 < got < SMALL_READ else 0
                 continue
             if isinstance(event, h11.Request):
                 head = event
@@ -288,6 +303,11 @@ class _Connection:
                 if size > self.limits.max_header_bytes:
                     raise h11.RemoteProtocolError("request head too large",
                                                   error_status_hint=431)
+                names = {name for name, _ in event.headers}
+                if b"content-length" in names and b"transfer-encoding" in names:
+                    # h11 lets chunked win; a message with both is a smuggling attempt
+                    # (RFC 9112 6.1): refuse it, as whatever sits in front might disagree
+                    raise h11.RemoteProtocolError("both Content-Length and Transfer-Encoding")
                 length = _content_length(event.headers)
                 if length is not None and length > self.limits.max_body_bytes:
                     raise _TooLarge
@@ -310,11 +330,11 @@ class _Connection:
             else:  # pragma: no cover - h11 gives a server no other events
                 raise h11.RemoteProtocolError(f"unexpected {type(event).__name__}")
 
-    async def receive(self) -> bool:
-        """Feed h11 the next bytes; False at EOF."""
+    async def receive(self) -> int:
+        """Feed h11 the next bytes; how many (0 at EOF)."""
         data = await self.stream.receive_some(RECEIVE_SIZE)
         self.h11.receive_data(bytes(data))
-        return bool(data)
+        return len(data)
 
     async def answer(self, request: Request) -> Response:
         try:
@@ -337,7 +357,8 @@ class _Connection:
                    *response.headers]
         if close:
             headers.append(("Connection", "close"))
-        events: list[Any] = [h11.Response(status_code=response.status, headers=headers)]
+        events: list[Any] = [h11.Response(status_code=response.status, headers=headers,
+                                          reason=_reason(response.status))]
         if response.body and self.method != b"HEAD":
             events.append(h11.Data(data=response.body))
         events.append(h11.EndOfMessage())
@@ -346,6 +367,13 @@ class _Connection:
             await self.stream.send_all(data)
         if sending.cancelled_caught:
             raise trio.BrokenResourceError("the client did not read its answer in time")
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
 
 
 class _TooLarge(Exception):

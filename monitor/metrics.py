@@ -20,6 +20,60 @@ from monitor.target import SyscallError
 _POLICY_ERRNOS = {errno.EACCES, errno.ESTALE, errno.EOPNOTSUPP, errno.ENOSYS, errno.ELOOP}
 
 
+# --- label values: fixed sets, so that nothing a target or client does creates a series ----
+# A client may register a listener of a filter of its own that traps any syscall number; a
+# handler's errno may come from any OSError. Whatever is not in these sets counts as OTHER.
+OTHER = "other"
+SYSCALL_LABELS = frozenset({"name_to_handle_at", "open_by_handle_at"})
+RESULT_LABELS = frozenset({
+    "ok", "gone",
+    # what name_to_handle_at(2) / open_by_handle_at(2) and the open they do can answer, and
+    # what fhmon answers itself (docs/semantics.md)
+    "E2BIG", "EACCES", "EAGAIN", "EBADF", "EBUSY", "EDQUOT", "EEXIST", "EFAULT", "EFBIG",
+    "EINTR", "EINVAL", "EIO", "EISDIR", "ELOOP", "EMFILE", "EMLINK", "ENAMETOOLONG",
+    "ENFILE", "ENODEV", "ENOENT", "ENOMEM", "ENOSPC", "ENOSYS", "ENOTDIR", "ENOTSUP",
+    "ENXIO", "EOPNOTSUPP", "EOVERFLOW", "EPERM", "EROFS", "ESRCH", "ESTALE", "ETXTBSY",
+    "EWOULDBLOCK", "EXDEV",
+})
+# Why fhmon refused a call, as a metric label: a fixed snake_case identifier per refusal.
+# The handlers' human text (SyscallError.reason) stays in the audit log; it is matched here
+# by its beginning (some texts carry details, e.g. the syscall number). A reason this table
+# does not know counts as "other": give it an identifier here when adding one
+# (tests/unit/test_metrics.py checks every reason raised in monitor/).
+REFUSAL_CODES: tuple[tuple[str, str], ...] = (
+    ("bad or foreign MAC", "mac_invalid"),
+    ("mount_fd on another filesystem", "mount_fd_foreign"),
+    ("fhmon opens only directories and regular files", "file_type_refused"),
+    ("no handles for this file type", "file_type_no_handle"),
+    ("kernel handle too large for the MAC trailer", "handle_too_large"),
+    ("object on a submount inside the share", "submount"),
+    ("object outside the share (other mount)", "outside_share_mount"),
+    ("object outside the share", "outside_share"),
+    ("opened object not on the share's mount", "opened_outside_mount"),
+    ("directory no longer inside the share", "directory_left_share"),
+    ("file's place cannot be checked", "place_unverifiable"),  # "... (the OSError)"
+    ("syscall ", "syscall_not_emulated"),  # "syscall NR arch A is not emulated"
+)
+REFUSAL_LABELS = frozenset({code for _, code in REFUSAL_CODES} | {OTHER})
+MAC_INVALID = "mac_invalid"  # the refusal fhmon_mac_failures_total counts
+
+
+def syscall_label(name: str) -> str:
+    return name if name in SYSCALL_LABELS else OTHER
+
+
+def result_label(result: str) -> str:
+    return result if result in RESULT_LABELS else OTHER
+
+
+def refusal_code(reason: str) -> str:
+    """The fixed identifier of a refusal's human reason ("other" if unknown)."""
+    for text, code in REFUSAL_CODES:
+        if reason.startswith(text):
+            return code
+    return reason if reason in REFUSAL_LABELS else OTHER
+
+
 # Calls take microseconds; latency buckets from 5 us to 50 ms (upper bounds, seconds).
 LATENCY_BUCKETS = (5e-6, 1e-5, 2e-5, 3e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 5e-4,
                    1e-3, 2e-3, 5e-3, 1e-2, 5e-2)
@@ -39,6 +93,7 @@ class CallStats:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record(self, syscall: str, result: str, elapsed: float) -> None:
+        syscall, result = syscall_label(syscall), result_label(result)
         with self.lock:  # recv_thread workers may record at once
             self.results[(syscall, result)] += 1
             self.seconds[syscall] = self.seconds.get(syscall, 0.0) + elapsed
@@ -55,16 +110,20 @@ class CallStats:
 
     def merge(self, results: dict[tuple[str, str], int], seconds: dict[str, float],
               refusals: dict[str, int], buckets: dict[str, list[int]]) -> None:
-        """Add counts made elsewhere (a worker process's report)."""
+        """Add counts made elsewhere (a worker process's report), folded into the same fixed
+        label sets."""
         with self.lock:
-            self.results.update(results)
+            for (syscall, result), count in results.items():
+                self.results[(syscall_label(syscall), result_label(result))] += count
             for syscall, spent in seconds.items():
-                self.seconds[syscall] = self.seconds.get(syscall, 0.0) + spent
-            self.refusals.update(refusals)
+                label = syscall_label(syscall)
+                self.seconds[label] = self.seconds.get(label, 0.0) + spent
+            for reason, count in refusals.items():
+                self.refusals[refusal_code(reason)] += count
             for syscall, counts in buckets.items():
                 if len(counts) != len(LATENCY_BUCKETS) + 1:
                     continue  # another layout: not ours to add
-                mine = self._counts(syscall)
+                mine = self._counts(syscall_label(syscall))
                 for i, count in enumerate(counts):
                     mine[i] += count
 
@@ -132,9 +191,10 @@ def audit_middleware(stats: CallStats) -> Middleware:
                     if not ctx.listener.id_valid(ctx.notif.id):
                         raise NotificationGone(ctx.notif.id) from None
                     with stats.lock:
-                        stats.refusals[exc.reason] += 1
+                        stats.refusals[refusal_code(exc.reason)] += 1
                     log.audit("call_refused", syscall=name, errno=result_name(exc),
-                              reason=exc.reason, tid=ctx.thread.tid,
+                              reason=exc.reason, code=refusal_code(exc.reason),
+                              tid=ctx.thread.tid,
                               tgid=_tgid(ctx), share=ctx.share.host_path,
                               target=ctx.target_id)
                 elif events.isEnabledFor(logging.DEBUG):

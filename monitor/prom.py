@@ -12,24 +12,39 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
-from monitor import http
-from monitor.metrics import LATENCY_BUCKETS, CallStats
+from monitor import __version__, http
+from monitor.metrics import LATENCY_BUCKETS, MAC_INVALID, CallStats
 
 if TYPE_CHECKING:
     from monitor.server import Service
 
-MAC_FAILURE = "bad or foreign MAC"  # the refusal reason fhmon_mac_failures counts
+# No *_created series: they double every counter's series and mean nothing to an operator
+# (fhmon_registrations_created was one). Process-wide, and fhmon has one registry.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 # The buckets' "le" labels, written as prometheus-client writes them
 _LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]  # type: ignore[no-untyped-call]
 
 
 class Metrics:
     def __init__(self, service: Service) -> None:
+        self.service = service
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         r.register(_CallCollector(service.stats))
@@ -44,9 +59,72 @@ class Metrics:
         key_ok = Gauge("fhmon_key_dir_healthy", "1 if the last key dir load succeeded",
                        registry=r)
         key_ok.set_function(lambda: 0 if service.key_error else 1)
+        r.register(_InfoCollector(service))
+        # process_open_fds, process_max_fds, memory, CPU: for the FhmonFdsNearLimit alert
+        ProcessCollector(registry=r)
+        self.keeper_deposits: Counter | None = None
+        if service.config.keeper_socket:
+            self.keeper_deposits = Counter(
+                "fhmon_keeper_deposits", "Listeners handed to the keeper, by outcome "
+                "(failed: that listener will not survive a restart of fhmon)", ["outcome"],
+                registry=r)
+            self.keeper_restored = Counter(
+                "fhmon_keeper_restored", "Listeners taken back from the keeper at start",
+                registry=r)
+            for outcome in ("ok", "failed"):
+                self.keeper_deposits.labels(outcome)
+        for outcome in ("accepted", "refused"):
+            self.registrations.labels(outcome)  # both series exist from the start
+
+    def count_deposit(self, outcome: str) -> None:
+        if self.keeper_deposits is not None:
+            self.keeper_deposits.labels(outcome).inc()
+
+    def count_restored(self) -> None:
+        if self.keeper_deposits is not None:
+            self.keeper_restored.inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def unready(self) -> str | None:
+        """Why fhmon cannot serve a new target right now (/readyz), or None when it can:
+        its keys loaded without error, its answering machinery (worker processes, if any)
+        runs, and its intake accepts registrations."""
+        service = self.service
+        if service.key_error is not None:  # the details (paths) are in the log only
+            return "key directory: the last load failed (log event keys_reload_failed)"
+        if not service.keys.key_ids:
+            return "no keys loaded"
+        if not service.accepting:
+            return "intake not accepting (starting or stopping)"
+        if service._connections >= service.config.max_connections:
+            return "intake at its connection cap"
+        if any(w.process.returncode is not None for w in service._workers):
+            return "a worker process ended"
+        return None
+
+
+class _InfoCollector:
+    """fhmon_build_info{version} and fhmon_key_info{key_id, signer}: an operator compares
+    them across nodes (every node must hold the same key ids, and sign with the same)."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        build = GaugeMetricFamily("fhmon_build_info", "The running fhmon's version",
+                                  labels=["version"])
+        build.add_metric([__version__], 1)
+        yield build
+        keys = GaugeMetricFamily("fhmon_key_info", "One series per loaded key (its id, and "
+                                 "whether fhmon signs with it)", labels=["key_id", "signer"])
+        for key in self._service.keys.describe():
+            keys.add_metric([f"{key.key_id:08x}", "true" if key.signing else "false"], 1)
+        yield keys
 
 
 class _CallCollector:
@@ -82,7 +160,7 @@ class _CallCollector:
         yield latency
         yield CounterMetricFamily("fhmon_mac_failures",
                                   "Handles refused because their MAC did not verify",
-                                  value=refusals.get(MAC_FAILURE, 0))
+                                  value=refusals.get(MAC_INVALID, 0))
         reasons = CounterMetricFamily("fhmon_confinement_refusals",
                                       "Calls refused on policy, by reason", labels=["reason"])
         for reason, count in sorted(refusals.items()):
@@ -93,14 +171,19 @@ class _CallCollector:
 async def serve_http(metrics: Metrics, address: str,
                      task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
                      ) -> None:
-    """`GET /metrics` and `GET /healthz` on `address`, through the bounded server of
+    """`GET /metrics`, `/healthz` and `/readyz` on `address`, through the bounded server of
     monitor/http.py (no request body; a scrape must arrive within 5 s)."""
 
     async def scrape(request: http.Request) -> http.Response:
         return http.Response(200, metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: http.Request) -> http.Response:
-        return http.text(200, "ok")
+        return http.text(200, "ok")  # the process is alive and its event loop answers
 
-    handler = http.route({"/metrics": {"GET": scrape}, "/healthz": {"GET": healthz}})
+    async def readyz(request: http.Request) -> http.Response:
+        reason = metrics.unready()
+        return http.text(503, reason) if reason else http.text(200, "ready")
+
+    handler = http.route({"/metrics": {"GET": scrape}, "/healthz": {"GET": healthz},
+                          "/readyz": {"GET": readyz}})
     await http.serve(handler, address, name="metrics", task_status=task_status)

@@ -94,6 +94,8 @@ class Service:
         self._ids = itertools.count(1)
         self._pace = IntakePace()
         self._keeper_dirty = trio.Event()  # set when a target for the keeper registers
+        self._ever_deposited: set[int] = set()  # target ids the keeper took at least once
+        self._failed_deposits: set[int] = set()  # ... and those counted as failed deposits
         self._connections = 0  # pending connections of every uid but root
         self._pending: collections.Counter[int] = collections.Counter()  # uid -> pending
         self.metrics = Metrics(self)
@@ -103,6 +105,7 @@ class Service:
         self.started = time.time()
         self.key_error: str | None = None
         self.activated = False  # the socket came from systemd: leave it in place
+        self.accepting = False  # the intake's accept loop runs (/readyz)
         self.created_socket_dir: str | None = None
         self._dispatch: DispatchThread | None = None
         self._workers: list[WorkerProcess] = []
@@ -261,6 +264,7 @@ class Service:
                           allow=self.config.allow, keys=[f"{k:08x}" for k in self.keys.key_ids],
                           signer=f"{self.keys.signer:08x}", pid=os.getpid())
                 task_status.started()
+                self.accepting = True
                 while True:
                     try:
                         conn, _ = await sock.accept()
@@ -280,6 +284,7 @@ class Service:
                         continue
                     nursery.start_soon(self._connection, conn, peer, nursery)
         finally:
+            self.accepting = False
             sock.close()
             for worker in self._workers:
                 await worker.stop()
@@ -579,6 +584,7 @@ class Service:
             try:
                 deposited = await self._keeper_session()
             except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                self._count_failed_deposits()
                 if not outage:
                     log.event("keeper_unreachable", logging.WARNING,
                               keeper=self.config.keeper_socket, error=str(exc),
@@ -590,6 +596,17 @@ class Service:
                 outage, delay = True, 0.05
             await trio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+    def _count_failed_deposits(self) -> None:
+        """fhmon_keeper_deposits_total{outcome="failed"}: once for each target whose
+        listener could not be handed to the keeper at all yet (it is retried until the
+        keeper is back); a target already deposited once is not counted again when a
+        keeper dies (keeper_lost says that)."""
+        for target in self.targets.values():
+            if (target.convention == "oci" and target.target_id not in self._ever_deposited
+                    and target.target_id not in self._failed_deposits):
+                self._failed_deposits.add(target.target_id)
+                self.metrics.count_deposit("failed")
 
     async def _keeper_session(self) -> int:
         """One connection to the keeper, until it closes; returns how many deposits."""
@@ -611,6 +628,8 @@ class Service:
                         with trio.fail_after(5):
                             await sock.sendmsg([frame], fdpass.rights([target.listener.fd]))
                         deposited.add(target.target_id)
+                        self._ever_deposited.add(target.target_id)
+                        self.metrics.count_deposit("ok")
                         log.event("deposited", target=target.target_id,
                                   keeper=self.config.keeper_socket)
                     if first:
@@ -668,6 +687,7 @@ class Service:
                                         str(record.get("convention", "oci")), nursery,
                                         peer_credentials=creds, expected_share_id=expected)
                 restored += 1
+                self.metrics.count_restored()
                 log.event("target_restored", target=target.target_id, pid=pid)
             except RegistrationRefused as exc:
                 log.event("restore_refused", logging.WARNING, pid=pid, reason=exc.reason)
@@ -762,6 +782,8 @@ class Service:
     def _release(self, target: Target) -> None:
         """Forget a target whose filter has no task left (or that we stop serving)."""
         del self.targets[target.target_id]
+        self._ever_deposited.discard(target.target_id)
+        self._failed_deposits.discard(target.target_id)
         target.close()
         log.event("target_gone", target=target.target_id, pid=target.pid, calls=target.calls)
 

@@ -10,7 +10,7 @@ from monitor.handlers.base import CallContext, Handler, Injected, Middleware, Ou
 from monitor.handlers.name_to_handle_at import name_to_handle_at
 from monitor.handlers.open_by_handle_at import open_by_handle_at
 from monitor.listener import NotificationGone
-from monitor.target import SyscallError
+from monitor.target import RESOURCE_ERRNOS, SyscallError
 from protocol import kernel
 
 log = logging.getLogger("fhmon.dispatch")
@@ -56,6 +56,13 @@ class Dispatcher:
             ctx.listener.respond(ctx.notif.id, error=exc.errno)
             return
         except NotificationGone:
+            return
+        except OSError as exc:
+            if exc.errno in RESOURCE_ERRNOS:  # out of fds/memory: the kernel's answer
+                ctx.listener.respond(ctx.notif.id, error=exc.errno)
+                return
+            log.exception("handler failed; answering EIO")
+            ctx.listener.respond(ctx.notif.id, error=errno.EIO)
             return
         except Exception:
             log.exception("handler failed; answering EIO")

@@ -36,7 +36,7 @@ FIND_PATHS_VERIFIED = ["--migration-mode=find-paths", "--migration-verify-handle
 HELD_INODES = 4
 OPEN_FILES = 2
 #: fhmon's reason for refusing a handle whose MAC does not verify with any of its keys.
-FOREIGN_MAC = "bad or foreign MAC"
+FOREIGN_MAC = "mac_invalid"  # the refusal code of "bad or foreign MAC"
 
 
 def _run(env: harness.Env, args: list[str], shared_key: bool = True) -> migration.MigrationResult:

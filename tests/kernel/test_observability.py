@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -64,8 +66,10 @@ def test_metrics_logs_and_status(world: World) -> None:
         assert metric(text, "fhmon_calls_total", syscall="name_to_handle_at",
                       result="ENOENT") >= 1
         assert metric(text, "fhmon_mac_failures_total") >= 1
-        assert metric(text, "fhmon_confinement_refusals_total",
-                      reason="object outside the share") >= 1
+        assert metric(text, "fhmon_confinement_refusals_total", reason="outside_share") >= 1
+        assert "_created" not in text
+        assert metric(text, "fhmon_build_info") == 1
+        assert metric(text, "fhmon_key_info", signer="true") == 1
         assert metric(text, "fhmon_targets") == 1
         assert metric(text, "fhmon_call_duration_seconds_bucket", syscall="open_by_handle_at",
                       le="5e-05") >= 0
@@ -80,7 +84,8 @@ def test_metrics_logs_and_status(world: World) -> None:
         events = [json.loads(line) for line in lines]  # every line is one JSON object
         audit = [e for e in events if e.get("audit")]
         reasons = {e["reason"] for e in audit}
-        assert {"bad or foreign MAC", "object outside the share"} <= reasons
+        assert {"bad or foreign MAC", "object outside the share"} <= reasons  # human text
+        assert {"mac_invalid", "outside_share"} <= {e["code"] for e in audit}  # as in metrics
         for e in audit:
             assert {"tid", "tgid", "share", "syscall", "errno"} <= set(e), e
     finally:
@@ -221,4 +226,94 @@ def test_metrics_endpoint_survives_resets_and_broken_clients(world: World) -> No
         assert agent.call("n2h", path="file")["errno"] == 0
     finally:
         agent.close()
+        service.stop()
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+
+
+def test_readyz_says_why_fhmon_cannot_take_targets(world: World, tmp_path: Path) -> None:
+    """/healthz: the process answers. /readyz: 200 only while the keys loaded without error
+    and the intake accepts; else 503 and the reason (without paths: the details are in the
+    log). Made to fail for real: a broken key file appears in the key directory (the watcher
+    reloads), then the intake is filled to its connection cap."""
+    port = free_port()
+    config = tmp_path / "readyz.toml"
+    config.write_text("max_connections = 2\n")
+    service = Service(world.base, [str(world.shares / "*")], name="readyz",
+                      extra=["--metrics-address", f"127.0.0.1:{port}", "--config", str(config)])
+    broken = service.key_dir / "0badc0de.key"
+    try:
+        assert http_get(port, "/readyz") == (200, "ready\n")
+        assert http_get(port, "/healthz") == (200, "ok\n")
+        broken.write_text("not hex\n")
+        broken.chmod(0o600)
+        assert wait_until(lambda: http_get(port, "/readyz")[0] == 503, timeout=10)
+        status, reason = http_get(port, "/readyz")
+        assert status == 503
+        assert reason.startswith("key directory: the last load failed"), reason
+        assert str(service.key_dir) not in reason
+        assert http_get(port, "/healthz") == (200, "ok\n")  # alive, and old keys still serve
+        assert any(e.get("event") == "keys_reload_failed" and "0badc0de" in e["error"]
+                   for e in service.events())
+        broken.unlink()
+        assert wait_until(lambda: http_get(port, "/readyz") == (200, "ready\n"), timeout=10)
+        held = [socket.socket(socket.AF_UNIX) for _ in range(2)]
+        try:
+            for s in held:
+                s.connect(service.socket)
+            assert wait_until(lambda: http_get(port, "/readyz")[0] == 503, timeout=10)
+            assert http_get(port, "/readyz")[1] == "intake at its connection cap\n"
+        finally:
+            for s in held:
+                s.close()
+        assert wait_until(lambda: http_get(port, "/readyz") == (200, "ready\n"), timeout=10)
+        assert http_get(port, "/readyz?verbose=1")[0] == 200
+        assert http_get(port, "/ready")[0] == 404
+    finally:
+        broken.unlink(missing_ok=True)
+        service.stop()
+
+
+def test_keeper_metrics_count_deposits_and_restores(world: World) -> None:
+    """With a keeper configured: fhmon_keeper_deposits_total{outcome} and
+    fhmon_keeper_restored_total, made by a real keeper, a restart, and a keeper gone."""
+    keeper_path = str(world.base / "metrics-keeper.sock")
+    keeper = subprocess.Popen([FHMON, "keeper", "--socket", keeper_path],
+                              stderr=subprocess.DEVNULL)
+    assert wait_until(lambda: os.path.exists(keeper_path), timeout=15)
+    port = free_port()
+    service = Service(world.base, [str(world.shares / "*")], name="keeper-metrics",
+                      extra=["--keeper", keeper_path, "--metrics-address", f"127.0.0.1:{port}"])
+    agents: list[Agent] = []
+
+    def scraped() -> str:
+        return http_get(port, "/metrics")[1]
+
+    try:
+        agents.append(Agent(world, "runc", world.main, service.socket))
+        assert agents[0].call("n2h", path="file")["errno"] == 0
+        assert wait_until(lambda: metric(scraped(), "fhmon_keeper_deposits_total",
+                                         outcome="ok") == 1)
+        assert metric(scraped(), "fhmon_keeper_deposits_total", outcome="failed") == 0
+        service.stop(signal.SIGKILL)
+        service.start()  # takes the listener back from the keeper
+        assert metric(scraped(), "fhmon_keeper_restored_total") == 1
+        keeper.send_signal(signal.SIGTERM)
+        keeper.wait(timeout=10)
+        agents.append(Agent(world, "runc", world.main, service.socket))
+        assert agents[1].call("n2h", path="file")["errno"] == 0
+        assert wait_until(lambda: metric(scraped(), "fhmon_keeper_deposits_total",
+                                         outcome="failed") == 1)
+    finally:
+        for agent in agents:
+            agent.close()
+        if keeper.poll() is None:
+            keeper.kill()
+            keeper.wait()
         service.stop()

@@ -83,3 +83,93 @@ def test_a_new_file_under_a_remembered_mount_fd_number_is_judged_afresh(spawn: A
         agent.call("close", name="mnt")
     # and a closed number: EBADF
     assert agent.call("obh", mount_fd=opened["ret"], **obh)["errno"] == errno.EBADF
+
+
+def test_a_full_cache_takes_no_new_entry_and_never_sweeps_on_put(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real pidfds of real threads of this process: with more live threads than the limit,
+    put() refuses the extra ones at once, without probing every entry (pidfd_alive on each,
+    which made each call of a 2,000-thread target cost ~1,000 syscalls); the periodic
+    sweep() makes room once threads exit."""
+    import threading
+
+    from monitor import linux
+    from monitor.target import ThreadCache
+
+    first_end, rest_end = threading.Event(), threading.Event()
+    threads = [threading.Thread(target=(first_end if n < 4 else rest_end).wait)
+               for n in range(20)]
+    for t in threads:
+        t.start()
+    cache = ThreadCache(limit=8)
+    probes: list[int] = []
+    cached: list[int] = []
+    real_alive = linux.pidfd_alive
+    monkeypatch.setattr(linux, "pidfd_alive", lambda fd: probes.append(fd) or real_alive(fd))
+    try:
+        tids = [t.native_id or 0 for t in threads]
+        kept = []
+        for tid in tids:
+            pidfd = linux.pidfd_open(tid, linux.PIDFD_THREAD)
+            kept.append(cache.put(tid, pidfd, None))
+            if kept[-1]:
+                cached.append(pidfd)
+            else:
+                os.close(pidfd)  # the caller's, when not kept
+        assert kept == [True] * 8 + [False] * 12
+        assert probes == []  # no sweep on put
+        assert len(cache) == 8
+        fd = cache.take_fd(tids[7], 0)
+        assert fd is not None
+        os.close(fd)
+        first_end.set()  # four cached threads exit
+        for t in threads[:4]:
+            t.join()
+        # join() returns a moment before the kernel's thread is gone
+        assert wait_until(lambda: cache.sweep() == 4, timeout=5)
+        for tid in tids[8:12]:
+            cached.append(linux.pidfd_open(tid, linux.PIDFD_THREAD))
+            assert cache.put(tid, cached[-1], None)
+        assert len(cache) == 8
+    finally:
+        cache.close()
+        first_end.set()
+        rest_end.set()
+        for t in threads:
+            t.join()
+    for pidfd in cached:  # every pidfd the cache took is closed (swept, or by close())
+        with pytest.raises(OSError) as closed:
+            os.fstat(pidfd)
+        assert closed.value.errno == errno.EBADF
+
+
+def test_a_target_with_2000_threads_beside_a_neighbour(spawn: Any, world: Any,
+                                                       fhmon: Any) -> None:
+    """2,000 live threads of one target calling (twice the per-target cache): each of
+    them and the neighbour get correct answers, and fhmon holds at most one cache's worth
+    of pidfds for them (the latency ratio is in bench/thread_cache.py)."""
+    import json
+    import time
+
+    crowd: Agent = spawn()
+    neighbour: Agent = spawn()
+    stop = world.base / "stop-2000-threads"
+    baseline = fhmon.fd_count()
+    assert crowd.proc.stdin is not None
+    crowd.proc.stdin.write(json.dumps({"op": "hammer", "path": "dir/inner", "threads": 2000,
+                                       "until": str(stop), "seconds": 120}) + "\n")
+    crowd.proc.stdin.flush()
+    try:
+        assert wait_until(lambda: len(os.listdir(f"/proc/{crowd.pid}/task")) > 2000, 60)
+        time.sleep(1)  # all of them calling
+        most = 0
+        for _ in range(50):
+            got = N2HResult.of(neighbour.call("n2h", path="dir/inner", answer_within=10))
+            assert got.errno == 0
+            most = max(most, fhmon.fd_count())
+        assert most <= baseline + 1024 + 32, (baseline, most)
+    finally:
+        stop.touch()
+    out = json.loads(crowd.proc.stdout.readline())  # type: ignore[union-attr]
+    assert set(out["results"]) == {"0"}, out  # every call of every thread answered, right
+    assert out["ended_by_until"]

@@ -6,10 +6,20 @@ server over real sockets, resets and floods is in tests/kernel/test_http_endpoin
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import functools
+import ipaddress
+import ssl
+from pathlib import Path
+
 import h11
 import pytest
 import trio
 import trio.testing
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from monitor import http
 from monitor.http import Limits, Request, Response
@@ -131,6 +141,8 @@ async def test_routing_404_405_and_head() -> None:
     b"GET /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
     b"\r\n\r\n\r\n",
     b"GET /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nab",  # EOF mid-body
+    b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",  # smuggling
 ])
 async def test_garbage_gets_400_and_close(garbage: bytes) -> None:
     assert statuses(await exchange(garbage)) == [400]
@@ -167,6 +179,52 @@ async def test_slow_request_gets_408_and_idle_connection_closes_silently() -> No
     assert await exchange(b"", half_close=False) == []
     # a kept-alive connection that goes quiet after one answer is closed without another
     assert statuses(await exchange(GET, half_close=False)) == [200]
+
+
+async def test_expect_100_continue_is_answered_before_the_body() -> None:
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(http._Connection(server, HANDLER, LIMITS).run)
+        await client.send_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+                              b"Expect: 100-continue\r\n\r\n")
+        with trio.fail_after(5):
+            assert (await client.receive_some()).startswith(b"HTTP/1.1 100 ")
+            await client.send_all(b"body")
+            received = b""
+            while not received.endswith(b"POST /echo 4"):
+                received += await client.receive_some()
+        assert received.startswith(b"HTTP/1.1 200 ")
+        await client.aclose()
+
+
+async def test_a_trickled_request_is_read_at_most_every_pace_seconds() -> None:
+    """Slowloris bytes must not wake the loop once per byte: after two small reads in a
+    row the server waits PACE before reading again (the request is still answered)."""
+    client, server = trio.testing.memory_stream_pair()
+    reads = 0
+    real_receive = server.receive_some
+
+    async def counted(max_bytes: int | None = None) -> bytes | bytearray:
+        nonlocal reads
+        reads += 1
+        return await real_receive(max_bytes)
+
+    server.receive_some = counted  # type: ignore[method-assign]
+    request = b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 60 + b"\r\n\r\n"
+    received = b""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(http._Connection(server, HANDLER, Limits(request_timeout=5)).run)
+        start = trio.current_time()
+        for byte in request:
+            await client.send_all(bytes([byte]))
+            await trio.sleep(0.01)
+        with trio.fail_after(5):
+            while b"GET /echo 0" not in received:
+                received += await client.receive_some()
+        elapsed = trio.current_time() - start
+        await client.aclose()
+    assert received.startswith(b"HTTP/1.1 200 ")
+    assert reads <= elapsed / http.PACE + 4, (reads, len(request), elapsed)
 
 
 async def test_a_failing_handler_gets_500_and_the_connection_goes_on() -> None:
@@ -212,3 +270,63 @@ def test_addresses_and_connection_cap() -> None:
         assert http.connection_cap(Limits(max_connections=64)) == min(64, hard // 4)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1)
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"),
+                 x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+async def test_tls_per_connection_context_and_plain_clients_on_a_tls_port(
+        tmp_path: Path) -> None:
+    """serve() over real loopback sockets with TLS: the context factory runs once per
+    connection (rotation), and a plain-text or broken client does not stop the server."""
+    cert, key = self_signed(tmp_path)
+    made = []
+
+    def context() -> ssl.SSLContext:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(cert, key)
+        made.append(ctx)
+        return ctx
+
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, HANDLER, "127.0.0.1:0", name="test", limits=LIMITS,
+            ssl_context=context))
+        port = bound[0][1]
+        plain = await trio.open_tcp_stream("127.0.0.1", port)
+        await plain.send_all(GET)  # not TLS: the handshake fails, this connection ends
+        with trio.fail_after(5):
+            while await plain.receive_some():
+                pass
+        for _ in range(2):
+            stream = await trio.open_ssl_over_tcp_stream("127.0.0.1", port,
+                                                         ssl_context=client_ctx)
+            await stream.send_all(b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            received = b""
+            with trio.fail_after(5):
+                with contextlib.suppress(trio.BrokenResourceError):
+                    while chunk := await stream.receive_some():
+                        received += chunk
+            assert received.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert received.endswith(b"GET /echo 0")
+            await stream.aclose()
+        assert len(made) == 3
+        nursery.cancel_scope.cancel()

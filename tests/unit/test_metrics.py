@@ -9,12 +9,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.metrics import LATENCY_BUCKETS, CallStats
 from monitor.prom import Metrics
+from monitor.signing import KeyInfo
+
+
+def exposition(stats: CallStats, keeper: str | None = None) -> str:
+    keys = SimpleNamespace(key_ids=(1, 0xABCDEF12),
+                           describe=lambda: [KeyInfo(1, False), KeyInfo(0xABCDEF12, True)])
+    service = SimpleNamespace(stats=stats, targets={}, keys=keys, key_error=None,
+                              config=SimpleNamespace(keeper_socket=keeper))
+    return generate_latest(Metrics(service).registry).decode()  # type: ignore[arg-type]
 
 
 def scrape(stats: CallStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    service = SimpleNamespace(stats=stats, targets={}, keys=SimpleNamespace(key_ids=(1,)),
-                              key_error=None)
-    text = generate_latest(Metrics(service).registry).decode()  # type: ignore[arg-type]
+    text = exposition(stats)
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
@@ -44,7 +51,8 @@ def test_a_worker_report_adds_counts_samples_and_refusals() -> None:
                                      ("name_to_handle_at", "ok", 2e-5),
                                      ("open_by_handle_at", "ESTALE", 1e-4)):
         worker.record(syscall, result, elapsed)
-    worker.refusals["bad or foreign MAC"] += 1
+    worker.refusals["mac_invalid"] += 1
+    worker.refusals["a reason no table knows"] += 1  # folded into "other"
     stats.merge(*worker.take())
     assert worker.take() == ({}, {}, {}, {})  # a report starts the worker's counts afresh
     stats.merge({}, {}, {}, {"open_by_handle_at": [1, 2]})  # another layout: ignored
@@ -52,7 +60,8 @@ def test_a_worker_report_adds_counts_samples_and_refusals() -> None:
     assert got[("fhmon_calls_total", (("result", "ok"), ("syscall", "name_to_handle_at")))] == 3
     assert got[("fhmon_call_duration_seconds_count", (("syscall", "name_to_handle_at"),))] == 3
     assert got[("fhmon_mac_failures_total", ())] == 1
-    assert got[("fhmon_confinement_refusals_total", (("reason", "bad or foreign MAC"),))] == 1
+    assert got[("fhmon_confinement_refusals_total", (("reason", "mac_invalid"),))] == 1
+    assert got[("fhmon_confinement_refusals_total", (("reason", "other"),))] == 1
 
 
 def test_the_middleware_counts_answers_errnos_and_calls_whose_caller_went_away() -> None:
@@ -78,3 +87,62 @@ def test_the_middleware_counts_answers_errnos_and_calls_whose_caller_went_away()
             wrap("open_by_handle_at", handler)(None)  # type: ignore[arg-type]
     wrap("open_by_handle_at", lambda ctx: None)(None)  # type: ignore[arg-type,return-value]
     assert stats.as_dict() == {"open_by_handle_at": {"ESTALE": 1, "gone": 1, "ok": 1}}
+
+
+def test_label_values_come_from_fixed_sets() -> None:
+    """Whatever syscall number, errno or reason comes in, the labels stay in their sets."""
+    from monitor.metrics import OTHER, refusal_code
+
+    stats = CallStats()
+    for nr in range(500):
+        stats.record(str(nr), f"E{nr}", 1e-5)  # as a trapped syscall of a foreign filter
+    stats.record("unexpected", "ENOSYS", 1e-5)
+    stats.merge({("999", "EWHATEVER"): 3}, {"999": 1.0}, {f"reason {n}": 1 for n in range(50)},
+                {"999": [0] * (len(LATENCY_BUCKETS) + 1)})
+    assert set(stats.results) == {(OTHER, OTHER), (OTHER, "ENOSYS")}
+    assert set(stats.buckets) == set(stats.seconds) == {OTHER}
+    assert set(stats.refusals) == {OTHER}
+    assert refusal_code("syscall 1234 arch 0xc000003e is not emulated") == "syscall_not_emulated"
+    assert refusal_code("object outside the share (other mount)") == "outside_share_mount"
+    assert refusal_code("object outside the share") == "outside_share"
+
+
+def test_every_refusal_reason_in_monitor_has_an_identifier() -> None:
+    """Every SyscallError(errno, "reason ...") raised in monitor/ maps to a fixed metric
+    label other than "other": a reason added without an identifier fails here."""
+    import ast
+    from pathlib import Path
+
+    from monitor.metrics import OTHER, refusal_code
+
+    reasons: list[str] = []
+    for path in Path(__file__).resolve().parents[2].joinpath("monitor").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "SyscallError" and len(node.args) >= 2):
+                reason = node.args[1]
+                if isinstance(reason, ast.JoinedStr):  # f"...": its constant beginning
+                    first = reason.values[0]
+                    assert isinstance(first, ast.Constant), ast.dump(reason)
+                    reasons.append(str(first.value))
+                else:
+                    assert isinstance(reason, ast.Constant), f"{path}: {ast.dump(reason)}"
+                    reasons.append(str(reason.value))
+    assert len(reasons) >= 10
+    unknown = [r for r in reasons if refusal_code(r) == OTHER]
+    assert not unknown, f"give these refusal reasons an identifier in REFUSAL_CODES: {unknown}"
+
+
+def test_build_and_key_info_keeper_counters_and_no_created_series() -> None:
+    from monitor import __version__
+
+    got = scrape(CallStats())
+    assert got[("fhmon_build_info", (("version", __version__),))] == 1
+    assert got[("fhmon_key_info", (("key_id", "00000001"), ("signer", "false")))] == 1
+    assert got[("fhmon_key_info", (("key_id", "abcdef12"), ("signer", "true")))] == 1
+    assert got[("fhmon_registrations_total", (("outcome", "refused"),))] == 0
+    assert not [name for name, _ in got if "keeper" in name]  # no keeper configured
+    text = exposition(CallStats(), keeper="/run/fhmon/keeper.sock")
+    assert "_created" not in text
+    assert 'fhmon_keeper_deposits_total{outcome="failed"} 0.0' in text
+    assert "fhmon_keeper_restored_total 0.0" in text
