@@ -98,7 +98,7 @@ class Metrics:
             return "no keys loaded"
         if not service.accepting:
             return "intake not accepting (starting or stopping)"
-        if service._connections >= service.config.max_connections:
+        if service.intake_full():
             return "intake at its connection cap"
         if any(w.process.returncode is not None for w in service._workers):
             return "a worker process ended"

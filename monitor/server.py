@@ -323,6 +323,12 @@ class Service:
         self._pending[uid] += 1
         return None
 
+    def intake_full(self) -> bool:
+        """True while a new registration would be turned away for want of a pending slot:
+        root's pool, or the pool every other uid shares, is at max_connections."""
+        cap = self.config.max_connections
+        return self._connections >= cap or self._pending[0] >= cap
+
     def _settled(self, uid: int) -> None:
         """The pending connection of `uid` registered or ended."""
         self._pending[uid] -= 1
