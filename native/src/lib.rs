@@ -1,9 +1,17 @@
-//! fhmon's data plane as a Python extension module (`monitor._native`).
+//! fhmon's per-call data plane, as a Python extension module (`monitor._native`) and as a
+//! library (its own tests, the fuzz targets, bench/refmon).
+//!
+//! Layout: `abi` and `handle` decode target bytes (safe code, errors as values), `mac` signs
+//! and verifies, `policy` decides inside-the-share, `sys` is the only module with `unsafe`.
 
-use pyo3::prelude::*;
+#![deny(unsafe_op_in_unsafe_fn)]
 
-#[pymodule]
-fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
-    Ok(())
-}
+pub mod abi;
+pub mod fuzzing;
+pub mod handle;
+pub mod mac;
+pub mod policy;
+pub mod sys;
+
+#[cfg(feature = "python")]
+mod py;

@@ -1,0 +1,400 @@
+#![allow(unsafe_code)] // the one module allowed to (lib.rs denies it elsewhere)
+
+//! The crate's only `unsafe` code: raw syscalls and the locked key memory.
+//!
+//! Every function here takes and returns plain Rust values (slices, arrays, OwnedFd) and
+//! reports failure as an errno value: callers stay in safe code. Each unsafe block says which
+//! invariant makes it sound.
+
+use std::ffi::CStr;
+use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+
+use crate::abi;
+
+/// A positive errno.
+pub type Errno = i32;
+
+fn last_errno() -> Errno {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// Take ownership of a new fd the kernel just returned (ret >= 0), or the errno.
+fn owned(ret: libc::c_long) -> Result<OwnedFd, Errno> {
+    if ret < 0 {
+        return Err(last_errno());
+    }
+    let fd = RawFd::try_from(ret).map_err(|_| libc::EBADF)?;
+    // SAFETY: the kernel returned a fresh fd number that nothing else in this process owns
+    // (every fd-returning syscall in this module goes through here exactly once).
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+// --- seccomp listener ioctls ---------------------------------------------------------
+
+/// SECCOMP_IOCTL_NOTIF_RECV into `buf` (zeroed first: the kernel demands it). Blocks.
+pub fn notif_recv(
+    listener: BorrowedFd<'_>,
+    buf: &mut [u8; abi::SECCOMP_NOTIF_SIZE],
+) -> Result<(), Errno> {
+    buf.fill(0);
+    // SAFETY: buf is a live, exclusively borrowed 80-byte buffer, the size of struct
+    // seccomp_notif that this ioctl number encodes; the kernel writes only within it.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            abi::SECCOMP_IOCTL_NOTIF_RECV as _,
+            buf.as_mut_ptr(),
+        )
+    };
+    if ret < 0 { Err(last_errno()) } else { Ok(()) }
+}
+
+/// SECCOMP_IOCTL_NOTIF_SEND with an encoded seccomp_notif_resp.
+pub fn notif_send(
+    listener: BorrowedFd<'_>,
+    resp: &[u8; abi::SECCOMP_NOTIF_RESP_SIZE],
+) -> Result<(), Errno> {
+    let mut copy = *resp;
+    // SAFETY: copy is a live 24-byte buffer, the size of struct seccomp_notif_resp that
+    // this ioctl number encodes.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            abi::SECCOMP_IOCTL_NOTIF_SEND as _,
+            copy.as_mut_ptr(),
+        )
+    };
+    if ret < 0 { Err(last_errno()) } else { Ok(()) }
+}
+
+/// SECCOMP_IOCTL_NOTIF_ID_VALID: Ok(true) while the notifying thread still waits.
+pub fn notif_id_valid(listener: BorrowedFd<'_>, id: u64) -> Result<bool, Errno> {
+    let mut id = id;
+    // SAFETY: the ioctl reads one u64 through the pointer, which points at a live u64.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            abi::SECCOMP_IOCTL_NOTIF_ID_VALID as _,
+            &mut id as *mut u64,
+        )
+    };
+    match ret {
+        0.. => Ok(true),
+        _ if last_errno() == libc::ENOENT => Ok(false),
+        _ => Err(last_errno()),
+    }
+}
+
+/// SECCOMP_IOCTL_NOTIF_ADDFD with an encoded seccomp_notif_addfd: the target's fd number.
+pub fn notif_addfd(
+    listener: BorrowedFd<'_>,
+    addfd: &[u8; abi::SECCOMP_NOTIF_ADDFD_SIZE],
+) -> Result<i32, Errno> {
+    let mut copy = *addfd;
+    // SAFETY: copy is a live 24-byte buffer, the size of struct seccomp_notif_addfd that
+    // this ioctl number encodes; the kernel only reads it.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            abi::SECCOMP_IOCTL_NOTIF_ADDFD as _,
+            copy.as_mut_ptr(),
+        )
+    };
+    if ret < 0 { Err(last_errno()) } else { Ok(ret) }
+}
+
+/// SECCOMP_IOCTL_NOTIF_SET_FLAGS(SYNC_WAKE_UP): the flag goes by value, not by pointer.
+pub fn notif_set_sync_wakeup(listener: BorrowedFd<'_>) -> Result<(), Errno> {
+    // SAFETY: this ioctl takes its argument by value; no memory is passed.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            abi::SECCOMP_IOCTL_NOTIF_SET_FLAGS as _,
+            abi::SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP,
+        )
+    };
+    if ret < 0 { Err(last_errno()) } else { Ok(()) }
+}
+
+/// poll(fd, POLLIN, timeout_ms): Some(revents) or None on timeout.
+pub fn poll_in(fd: BorrowedFd<'_>, timeout_ms: i32) -> Result<Option<i16>, Errno> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, and nfds says one.
+    let ret = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+    match ret {
+        0 => Ok(None),
+        1.. => Ok(Some(pfd.revents)),
+        _ => Err(last_errno()),
+    }
+}
+
+// --- target memory -------------------------------------------------------------------
+
+/// process_vm_readv of [addr, addr + buf.len()) in `pid` into buf, cut at page boundaries
+/// so that the readable prefix comes back (the kernel stops at the first fault): the count.
+pub fn read_target(pid: i32, addr: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+    const PAGE: u64 = 4096;
+    const MAX_IOV: usize = 4;
+    if buf.is_empty() {
+        return Ok(0);
+    }
+    let mut remote = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_IOV];
+    let mut count = 0;
+    let mut at = addr;
+    let end = addr.saturating_add(buf.len() as u64);
+    while at < end && count < MAX_IOV {
+        let chunk = ((at / PAGE + 1) * PAGE).min(end) - at;
+        remote[count] = libc::iovec {
+            iov_base: at as *mut libc::c_void,
+            iov_len: chunk as usize,
+        };
+        count += 1;
+        at += chunk;
+    }
+    let wanted = (at - addr) as usize;
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: wanted,
+    };
+    // SAFETY: the local iovec covers `wanted` <= buf.len() bytes of the exclusively borrowed
+    // buf; the remote iovecs name the target's memory, which the kernel checks (EFAULT or a
+    // short count), never ours.
+    let ret = unsafe { libc::process_vm_readv(pid, &local, 1, remote.as_ptr(), count as _, 0) };
+    if ret < 0 {
+        let err = last_errno();
+        return if err == libc::EFAULT { Ok(0) } else { Err(err) };
+    }
+    Ok(ret as usize)
+}
+
+/// process_vm_writev of each (addr, bytes) in order: the number of bytes written (it stops
+/// at the first page it cannot write, as copy_to_user would).
+pub fn write_target(pid: i32, chunks: &[(u64, &[u8])]) -> Result<usize, Errno> {
+    const MAX_IOV: usize = 4;
+    if chunks.len() > MAX_IOV {
+        return Err(libc::EINVAL);
+    }
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut local = [empty; MAX_IOV];
+    let mut remote = [empty; MAX_IOV];
+    for (i, (addr, data)) in chunks.iter().enumerate() {
+        // the kernel only reads local buffers for a write; the cast to *mut is its ABI
+        local[i] = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        remote[i] = libc::iovec {
+            iov_base: *addr as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+    }
+    let n = chunks.len() as libc::c_ulong;
+    // SAFETY: local iovecs point into the borrowed chunk slices (read only by the kernel for
+    // a writev); remote ones name the target's memory, which the kernel checks.
+    let ret = unsafe { libc::process_vm_writev(pid, local.as_ptr(), n, remote.as_ptr(), n, 0) };
+    if ret < 0 {
+        let err = last_errno();
+        return if err == libc::EFAULT { Ok(0) } else { Err(err) };
+    }
+    Ok(ret as usize)
+}
+
+// --- fds of the target ----------------------------------------------------------------
+
+pub const PIDFD_THREAD: u32 = libc::O_EXCL as u32;
+
+pub fn pidfd_open(pid: i32, flags: u32) -> Result<OwnedFd, Errno> {
+    // SAFETY: pidfd_open takes two integers and returns a new fd or -1.
+    owned(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, flags) })
+}
+
+/// A duplicate of the target's fd `fd` through its pidfd.
+pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, fd: i32) -> Result<OwnedFd, Errno> {
+    // SAFETY: pidfd_getfd takes integers only and returns a new fd or -1.
+    owned(unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0u32) })
+}
+
+// --- file handles ---------------------------------------------------------------------
+
+/// name_to_handle_at(dirfd, path, ..., flags) with a MAX_HANDLE_SZ buffer: (type, length,
+/// mount id) with the kernel bytes in out[..length].
+pub fn name_to_handle_at(
+    dirfd: BorrowedFd<'_>,
+    path: &CStr,
+    flags: i32,
+    out: &mut [u8; crate::handle::MAX_HANDLE_SZ],
+) -> Result<(i32, usize, u64), Errno> {
+    let mut buf = [0u8; 8 + crate::handle::MAX_HANDLE_SZ];
+    buf[..4].copy_from_slice(&(crate::handle::MAX_HANDLE_SZ as u32).to_le_bytes());
+    let mut mount_id = [0u8; 8]; // a u64 with AT_HANDLE_MNT_ID_UNIQUE, else an int
+    // SAFETY: buf holds a struct file_handle header announcing exactly the MAX_HANDLE_SZ
+    // bytes that follow it; mount_id has room for the u64 form; path is NUL-terminated.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            dirfd.as_raw_fd(),
+            path.as_ptr(),
+            buf.as_mut_ptr(),
+            mount_id.as_mut_ptr(),
+            flags,
+        )
+    };
+    if ret < 0 {
+        return Err(last_errno());
+    }
+    let header = crate::handle::Header::parse(&buf).ok_or(libc::EIO)?;
+    let len = (header.handle_bytes as usize).min(crate::handle::MAX_HANDLE_SZ);
+    out[..len].copy_from_slice(&buf[8..8 + len]);
+    let mnt = if flags & abi::AT_HANDLE_MNT_ID_UNIQUE != 0 {
+        u64::from_le_bytes(mount_id)
+    } else {
+        let low: [u8; 4] = [mount_id[0], mount_id[1], mount_id[2], mount_id[3]];
+        u32::from_le_bytes(low) as u64
+    };
+    Ok((header.handle_type, len, mnt))
+}
+
+/// open_by_handle_at(mount_fd, {len(kernel_bytes), handle_type, kernel_bytes}, flags).
+pub fn open_by_handle_at(
+    mount_fd: BorrowedFd<'_>,
+    handle_type: i32,
+    kernel_bytes: &[u8],
+    flags: i32,
+) -> Result<OwnedFd, Errno> {
+    let n = kernel_bytes.len().min(crate::handle::MAX_HANDLE_SZ);
+    let mut buf = [0u8; 8 + crate::handle::MAX_HANDLE_SZ];
+    buf[..8].copy_from_slice(
+        &crate::handle::Header {
+            handle_bytes: n as u32,
+            handle_type,
+        }
+        .encode(),
+    );
+    buf[8..8 + n].copy_from_slice(&kernel_bytes[..n]);
+    // SAFETY: buf is a complete struct file_handle whose header announces n bytes, all
+    // present in the buffer; the kernel only reads it.
+    owned(unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd.as_raw_fd(),
+            buf.as_ptr(),
+            flags,
+        )
+    })
+}
+
+// --- locked memory for keys ------------------------------------------------------------
+
+/// A value in its own anonymous mapping, locked in RAM (mlock: never swapped), left out of
+/// core dumps (MADV_DONTDUMP), and overwritten with zeros before it is unmapped.
+pub struct LockedBox<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: LockedBox owns its T exclusively (like Box<T>), so it is Send/Sync when T is.
+unsafe impl<T: Send> Send for LockedBox<T> {}
+// SAFETY: as above; shared access only hands out &T.
+unsafe impl<T: Sync> Sync for LockedBox<T> {}
+
+impl<T> LockedBox<T> {
+    pub fn new(value: T) -> Result<Self, Errno> {
+        let page = 4096usize;
+        let size = std::mem::size_of::<T>().max(1);
+        let len = size.div_ceil(page) * page;
+        assert!(std::mem::align_of::<T>() <= page);
+        // SAFETY: an anonymous private mapping of `len` bytes, not aliasing anything.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(last_errno());
+        }
+        // SAFETY: [addr, addr + len) is the mapping made just above.
+        let locked = unsafe { libc::mlock(addr, len) };
+        if locked != 0 {
+            let err = last_errno();
+            // SAFETY: unmapping the mapping made above, which nothing references yet.
+            unsafe { libc::munmap(addr, len) };
+            return Err(err);
+        }
+        // SAFETY: as above; the advice only concerns core dumps (failure is harmless).
+        unsafe { libc::madvise(addr, len, libc::MADV_DONTDUMP) };
+        let ptr = NonNull::new(addr.cast::<T>()).ok_or(libc::ENOMEM)?;
+        // SAFETY: the mapping is page-aligned (>= align_of::<T>), writable and at least
+        // size_of::<T>() bytes; nothing was there to drop.
+        unsafe { ptr.as_ptr().write(value) };
+        Ok(LockedBox {
+            ptr,
+            len,
+            _owns: PhantomData,
+        })
+    }
+}
+
+impl<T> std::ops::Deref for LockedBox<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: ptr holds an initialised T for the box's whole life (written in new,
+        // dropped only in drop).
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl<T> Drop for LockedBox<T> {
+    fn drop(&mut self) {
+        let base = self.ptr.as_ptr();
+        // SAFETY: base holds the initialised T, dropped exactly once, here; afterwards the
+        // whole mapping is plain bytes that this box alone owns, so zeroing it is sound.
+        unsafe {
+            std::ptr::drop_in_place(base);
+            let bytes = std::slice::from_raw_parts_mut(base.cast::<u8>(), self.len);
+            zeroize::Zeroize::zeroize(bytes);
+            libc::munlock(base.cast(), self.len);
+            libc::munmap(base.cast(), self.len);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locked_box_holds_its_value() {
+        let b = LockedBox::new([7u8; 100]).unwrap();
+        assert_eq!(b[99], 7);
+    }
+
+    #[test]
+    fn reading_unmapped_target_memory_is_a_short_count() {
+        let me = std::process::id() as i32;
+        let mut buf = [0u8; 16];
+        assert_eq!(read_target(me, 8, &mut buf), Ok(0));
+        let src = [1u8, 2, 3, 4];
+        assert_eq!(read_target(me, src.as_ptr() as u64, &mut buf[..4]), Ok(4));
+        assert_eq!(&buf[..4], &src);
+    }
+}
