@@ -13,5 +13,8 @@ pub mod mac;
 pub mod policy;
 pub mod sys;
 
+/// errno values and kernel types for the crate's users (bench/refmon)
+pub use libc;
+
 #[cfg(feature = "python")]
 mod py;
