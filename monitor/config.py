@@ -44,6 +44,10 @@ class Config:
     dispatch_thread: bool = True
     workers: int = 0
     sandbox: bool = False
+    # who answers the calls: "python" (monitor/handlers, the reference) or "native" (the
+    # Rust plane, monitor/dataplane.py), with data_plane_threads threads per target
+    data_plane: str = "python"
+    data_plane_threads: int = 2
 
     def to_toml(self) -> str:
         lines = []
@@ -186,6 +190,18 @@ def _validate(key: str, value: Any) -> Any:
             if not 0 <= number <= 64:
                 raise ConfigError("config key 'workers': must be in [0, 64] (0: fhmon serve "
                                   "answers the calls itself)")
+            return number
+        case "data_plane":
+            plane = _expect(key, value, str)
+            if plane not in ("python", "native"):
+                raise ConfigError(f"config key 'data_plane': {plane!r} is not 'python' or "
+                                  f"'native'")
+            return plane
+        case "data_plane_threads":
+            number = _expect(key, value, int)
+            if not 1 <= number <= 64:
+                raise ConfigError("config key 'data_plane_threads': must be in [1, 64] "
+                                  "(threads per target)")
             return number
         case "max_connections" | "max_targets":
             number = _expect(key, value, int)

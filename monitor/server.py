@@ -29,7 +29,7 @@ from monitor import fdpass, log
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.config import Config
 from monitor.credentials import acting_as
-from monitor.dispatch_thread import DispatchThread
+from monitor.dataplane import DataPlane, make_data_plane
 from monitor.handlers.registry import Dispatcher
 from monitor.hardening import lock_down
 from monitor.linux import kcmp_same_file
@@ -65,7 +65,7 @@ class Service:
         self.started = time.time()
         self.key_error: str | None = None
         self.activated = False  # the socket came from systemd: leave it in place
-        self._dispatch: DispatchThread | None = None
+        self._dispatch: DataPlane | None = None
         self._workers: list[WorkerProcess] = []
 
     # --- keys -------------------------------------------------------------------------
@@ -81,6 +81,8 @@ class Service:
         self.key_error = None
         for worker in self._workers:
             worker.reload_keys()  # each loads the directory itself
+        if self._dispatch is not None:
+            self._dispatch.set_keys(ring)  # the native plane keeps its own (locked) copy
         if changed:
             log.event("keys_reloaded", keys=[f"{k:08x}" for k in ring.key_ids],
                       signer=f"{ring.signer:08x}")
@@ -193,7 +195,8 @@ class Service:
                 log.event(event, **fields)
             if (self.config.dispatch_thread and not self.config.recv_thread
                     and not self._workers):
-                self._dispatch = DispatchThread(self._answer)
+                self._dispatch = make_data_plane(self.config, self._answer, self.stats,
+                                                 self.keys)
             async with trio.open_nursery() as nursery:
                 if self._dispatch is not None:
                     nursery.start_soon(self._run_dispatch_thread, self._dispatch)
@@ -506,7 +509,7 @@ class Service:
         return restored
 
     # --- one registered listener --------------------------------------------------------
-    async def _run_dispatch_thread(self, dispatch: DispatchThread) -> None:
+    async def _run_dispatch_thread(self, dispatch: DataPlane) -> None:
         """The dispatch thread's lifetime, owned by the service's nursery: on cancellation
         it is told to stop, and this task ends when the thread has returned."""
         async with trio.open_nursery() as nursery:
@@ -575,7 +578,7 @@ class Service:
         finally:
             self._release(target)
 
-    async def _serve_target_dispatched(self, target: Target, dispatch: DispatchThread) -> None:
+    async def _serve_target_dispatched(self, target: Target, dispatch: DataPlane) -> None:
         """The dispatch thread answers the calls; this task waits for the hang-up."""
         gone = trio.Event()
         token = trio.lowlevel.current_trio_token()

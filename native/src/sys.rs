@@ -136,6 +136,17 @@ pub fn poll_in(fd: BorrowedFd<'_>, timeout_ms: i32) -> Result<Option<i16>, Errno
     }
 }
 
+/// poll() over several fds: how many have revents set (0 on timeout).
+pub fn poll_many(fds: &mut [libc::pollfd], timeout_ms: i32) -> Result<usize, Errno> {
+    // SAFETY: fds is a live, exclusively borrowed slice of pollfd and nfds is its length.
+    let ret = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if ret < 0 {
+        Err(last_errno())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
 // --- target memory -------------------------------------------------------------------
 
 /// process_vm_readv of [addr, addr + buf.len()) in `pid` into buf, cut at page boundaries
@@ -295,6 +306,124 @@ pub fn open_by_handle_at(
             flags,
         )
     })
+}
+
+// --- files of our own ------------------------------------------------------------------
+
+/// statx(fd, "", AT_EMPTY_PATH): (st_mode, unique mount id) as linux.statx_mode_mount.
+pub fn statx_mode_mount(fd: BorrowedFd<'_>) -> Result<(u32, u64), Errno> {
+    // SAFETY: statx is plain old data; all-zero is a valid value to be overwritten.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let mask = libc::STATX_TYPE | libc::STATX_MODE | libc::STATX_MNT_ID_UNIQUE;
+    // SAFETY: the path is a NUL-terminated literal and stx a live struct statx.
+    let ret = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            mask,
+            &mut stx,
+        )
+    };
+    if ret < 0 {
+        return Err(last_errno());
+    }
+    if stx.stx_mask & (libc::STATX_MNT_ID_UNIQUE | libc::STATX_MNT_ID) == 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    Ok((u32::from(stx.stx_mode), stx.stx_mnt_id))
+}
+
+/// readlink("/proc/self/fd/N") into buf: the path the kernel prints for one of our fds.
+pub fn fd_path<'b>(fd: BorrowedFd<'_>, buf: &'b mut [u8]) -> Result<&'b [u8], Errno> {
+    let mut link = [0u8; 32];
+    let prefix = b"/proc/self/fd/";
+    link[..prefix.len()].copy_from_slice(prefix);
+    let mut digits = [0u8; 12];
+    let mut n = fd.as_raw_fd() as u32;
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        link[prefix.len() + i] = digits[len - 1 - i];
+    }
+    // link[prefix.len() + len] stays 0: the terminating NUL
+    // SAFETY: link is NUL-terminated within its 32 bytes; buf is exclusively borrowed and
+    // readlink writes at most buf.len() bytes into it.
+    let ret = unsafe { libc::readlink(link.as_ptr().cast(), buf.as_mut_ptr().cast(), buf.len()) };
+    if ret < 0 {
+        return Err(last_errno());
+    }
+    Ok(&buf[..ret as usize])
+}
+
+/// Whether a pidfd's task still lives (signal 0 through it), as linux.pidfd_alive.
+pub fn pidfd_alive(pidfd: BorrowedFd<'_>) -> bool {
+    // SAFETY: pidfd_send_signal with signal 0 and no siginfo only checks the target.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    ret == 0
+}
+
+/// A duplicate of one of our fds (F_DUPFD_CLOEXEC), owned by the caller.
+pub fn dup(fd: RawFd) -> Result<OwnedFd, Errno> {
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes integers and returns a new fd or -1; an fd
+    // number that is not open gives EBADF.
+    owned(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) } as libc::c_long)
+}
+
+// --- waking threads blocked in RECV -------------------------------------------------------
+
+/// The signal that interrupts a data-plane thread's RECV (EINTR): a real-time signal no
+/// Python code uses, with a handler that does nothing and no SA_RESTART.
+pub fn wake_signal() -> i32 {
+    libc::SIGRTMIN() + 6
+}
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+/// Install the do-nothing handler for wake_signal() (process-wide; idempotent).
+pub fn install_wake_handler() -> Result<(), Errno> {
+    // SAFETY: sigaction is plain old data; zeroed is a valid empty mask and no flags.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = ignore_signal as *const () as libc::sighandler_t;
+    // SAFETY: a live sigaction whose handler is an extern "C" fn that touches nothing
+    // (async-signal-safe); no old action is requested.
+    let ret = unsafe { libc::sigaction(wake_signal(), &action, std::ptr::null_mut()) };
+    if ret < 0 { Err(last_errno()) } else { Ok(()) }
+}
+
+/// Block every signal on the calling thread but wake_signal(): Python's signals go to its
+/// own threads, and a data-plane thread never runs a handler mid-call except the no-op one.
+pub fn block_signals_but_wake() {
+    // SAFETY: sigset_t is plain old data, filled by sigfillset/sigdelset before use; the
+    // mask change affects the calling thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::sigdelset(&mut set, wake_signal());
+        libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Send wake_signal() to a thread of this process (by its pthread_t, from JoinHandle).
+pub fn wake_thread(thread: libc::pthread_t) {
+    // SAFETY: the caller passes the pthread_t of a thread it has not joined yet (the
+    // JoinHandle is still held), so the id names a live or zombie-but-unjoined thread.
+    unsafe { libc::pthread_kill(thread, wake_signal()) };
 }
 
 // --- unix sockets ------------------------------------------------------------------------
