@@ -83,3 +83,11 @@ pub fn trailer(data: &[u8]) {
         );
     }
 }
+
+/// status::parse over arbitrary /proc/TID/status text (the target names itself).
+pub fn proc_status(data: &[u8]) {
+    if let Some(s) = crate::status::parse(data) {
+        // a frozen thread has one uid: its real uid is the one checked
+        let _ = (s.tgid, s.uid, s.frozen);
+    }
+}

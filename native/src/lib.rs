@@ -12,6 +12,7 @@ pub mod handle;
 pub mod mac;
 pub mod plane;
 pub mod policy;
+pub mod status;
 pub mod sys;
 
 /// errno values and kernel types for the crate's users (bench/refmon)

@@ -97,8 +97,17 @@ struct Target {
     peer_uid: u32,
     stopping: AtomicBool,
     hung_up: AtomicBool,
-    pidfds: Mutex<Vec<(u32, OwnedFd)>>,
+    threads: Mutex<Vec<ThreadEntry>>,
     fallback_lock: Mutex<()>,
+}
+
+/// A thread of the target seen before: its pidfd (which names that thread for as long as
+/// it lives: a live pidfd's TID is the notifying thread's) and its real uid once its
+/// credentials are known to be frozen (monitor/target.py ThreadCache).
+struct ThreadEntry {
+    tid: u32,
+    pidfd: OwnedFd,
+    frozen_uid: Option<u32>,
 }
 
 struct Running {
@@ -186,7 +195,7 @@ impl Plane {
             peer_uid,
             stopping: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
-            pidfds: Mutex::new(Vec::with_capacity(16)),
+            threads: Mutex::new(Vec::with_capacity(16)),
             fallback_lock: Mutex::new(()),
         });
         let mut threads = Vec::new();
@@ -276,7 +285,11 @@ impl Plane {
                 _ => None,
             };
             let outcome = match syscall {
-                Some(0) if target.peer_uid == 0 => self.name_to_handle_at(target, &notif),
+                Some(0) => match owned_by_peer(target, &notif) {
+                    Ok(true) => self.name_to_handle_at(target, &notif),
+                    Ok(false) => Outcome::Defer, // the reference refuses it (EPERM + audit)
+                    Err(outcome) => outcome,
+                },
                 _ => Outcome::Defer,
             };
             let syscall = syscall.unwrap_or(0);
@@ -505,11 +518,11 @@ impl Plane {
     /// TargetThread.take_fd(check=False): a duplicate of the target's fd through a cached
     /// pidfd of the calling thread (proved alive by the getfd itself) or a new one.
     fn take_fd(&self, target: &Target, n: &Notification, fd: i32) -> Result<OwnedFd, Outcome> {
-        let mut cache = lock(&target.pidfds);
-        if let Some(i) = cache.iter().position(|(t, _)| *t == n.pid) {
-            match sys::pidfd_getfd(cache[i].1.as_fd(), fd) {
+        let mut cache = lock(&target.threads);
+        if let Some(i) = cache.iter().position(|e| e.tid == n.pid) {
+            match sys::pidfd_getfd(cache[i].pidfd.as_fd(), fd) {
                 Ok(ours) => return Ok(ours),
-                Err(e) if sys::pidfd_alive(cache[i].1.as_fd()) => {
+                Err(e) if sys::pidfd_alive(cache[i].pidfd.as_fd()) => {
                     return Err(getfd_error(target, n, e));
                 }
                 Err(_) => {
@@ -523,14 +536,68 @@ impl Plane {
             Err(_) => return Err(Outcome::Gone),
         };
         let ours = sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| getfd_error(target, n, e))?;
-        if cache.len() >= PIDFD_CACHE {
-            cache.retain(|(_, p)| sys::pidfd_alive(p.as_fd()));
-        }
-        if cache.len() < PIDFD_CACHE {
-            cache.push((n.pid, pidfd));
-        }
+        remember(&mut cache, n.pid, pidfd, None);
         Ok(ours)
     }
+}
+
+fn remember(cache: &mut Vec<ThreadEntry>, tid: u32, pidfd: OwnedFd, frozen_uid: Option<u32>) {
+    cache.retain(|e| e.tid != tid);
+    if cache.len() >= PIDFD_CACHE {
+        cache.retain(|e| sys::pidfd_alive(e.pidfd.as_fd()));
+    }
+    if cache.len() < PIDFD_CACHE {
+        cache.push(ThreadEntry {
+            tid,
+            pidfd,
+            frozen_uid,
+        });
+    }
+}
+
+/// Answerer._owned_by_peer: a target registered by an unprivileged client is served only
+/// for threads of that client's uid. Ok(false): another uid (the reference answers EPERM
+/// and audits it); Err(Gone): the thread went away.
+fn owned_by_peer(target: &Target, n: &Notification) -> Result<bool, Outcome> {
+    if target.peer_uid == 0 {
+        return Ok(true);
+    }
+    let mut cache = lock(&target.threads);
+    let mut have_live = false;
+    if let Some(e) = cache.iter().find(|e| e.tid == n.pid) {
+        if sys::pidfd_alive(e.pidfd.as_fd()) {
+            if let Some(uid) = e.frozen_uid {
+                return Ok(uid == target.peer_uid);
+            }
+            have_live = true;
+        }
+    }
+    // a new pidfd before the read: the ID_VALID after it proves it names the caller
+    let pidfd = if have_live {
+        None
+    } else {
+        sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD).ok()
+    };
+    let mut buf = [0u8; 8192];
+    let Ok(len) = sys::read_proc_status(n.pid, &mut buf) else {
+        return Err(Outcome::Gone);
+    };
+    if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
+        return Err(Outcome::Gone);
+    }
+    let Some(status) = crate::status::parse(&buf[..len]) else {
+        return Err(Outcome::Gone);
+    };
+    let frozen_uid = status.frozen.then_some(status.uid);
+    match pidfd {
+        Some(pidfd) => remember(&mut cache, n.pid, pidfd, frozen_uid),
+        None => {
+            if let Some(e) = cache.iter_mut().find(|e| e.tid == n.pid) {
+                e.frozen_uid = frozen_uid;
+            }
+        }
+    }
+    Ok(status.uid == target.peer_uid)
 }
 
 fn getfd_error(target: &Target, n: &Notification, e: Errno) -> Outcome {

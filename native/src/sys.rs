@@ -9,6 +9,7 @@
 use std::ffi::CStr;
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::ptr::NonNull;
 
 use crate::abi;
@@ -334,13 +335,10 @@ pub fn statx_mode_mount(fd: BorrowedFd<'_>) -> Result<(u32, u64), Errno> {
     Ok((u32::from(stx.stx_mode), stx.stx_mnt_id))
 }
 
-/// readlink("/proc/self/fd/N") into buf: the path the kernel prints for one of our fds.
-pub fn fd_path<'b>(fd: BorrowedFd<'_>, buf: &'b mut [u8]) -> Result<&'b [u8], Errno> {
-    let mut link = [0u8; 32];
-    let prefix = b"/proc/self/fd/";
-    link[..prefix.len()].copy_from_slice(prefix);
-    let mut digits = [0u8; 12];
-    let mut n = fd.as_raw_fd() as u32;
+/// n in decimal at the start of out (which has room for 10 digits); how many were written.
+fn write_decimal(n: u32, out: &mut [u8]) -> usize {
+    let mut digits = [0u8; 10];
+    let mut n = n;
     let mut len = 0;
     loop {
         digits[len] = b'0' + (n % 10) as u8;
@@ -351,8 +349,17 @@ pub fn fd_path<'b>(fd: BorrowedFd<'_>, buf: &'b mut [u8]) -> Result<&'b [u8], Er
         }
     }
     for i in 0..len {
-        link[prefix.len() + i] = digits[len - 1 - i];
+        out[i] = digits[len - 1 - i];
     }
+    len
+}
+
+/// readlink("/proc/self/fd/N") into buf: the path the kernel prints for one of our fds.
+pub fn fd_path<'b>(fd: BorrowedFd<'_>, buf: &'b mut [u8]) -> Result<&'b [u8], Errno> {
+    let mut link = [0u8; 32];
+    let prefix = b"/proc/self/fd/";
+    link[..prefix.len()].copy_from_slice(prefix);
+    write_decimal(fd.as_raw_fd() as u32, &mut link[prefix.len()..]);
     // link[prefix.len() + len] stays 0: the terminating NUL
     // SAFETY: link is NUL-terminated within its 32 bytes; buf is exclusively borrowed and
     // readlink writes at most buf.len() bytes into it.
@@ -361,6 +368,22 @@ pub fn fd_path<'b>(fd: BorrowedFd<'_>, buf: &'b mut [u8]) -> Result<&'b [u8], Er
         return Err(last_errno());
     }
     Ok(&buf[..ret as usize])
+}
+
+/// Read /proc/TID/status into buf (one read: the file is generated whole); its length.
+pub fn read_proc_status(tid: u32, buf: &mut [u8]) -> Result<usize, Errno> {
+    use std::io::Read;
+    let mut path = [0u8; 32];
+    let prefix = b"/proc/";
+    path[..prefix.len()].copy_from_slice(prefix);
+    let mut at = prefix.len();
+    at += write_decimal(tid, &mut path[at..]);
+    path[at..at + 7].copy_from_slice(b"/status");
+    at += 7;
+    let name = std::ffi::OsStr::from_bytes(&path[..at]);
+    let mut file = std::fs::File::open(name).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    file.read(buf)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
 }
 
 /// Whether a pidfd's task still lives (signal 0 through it), as linux.pidfd_alive.

@@ -66,3 +66,32 @@ fn presented_handle() {
 fn trailer() {
     run(0x0123_4567_89ab_cdef, fuzzing::trailer);
 }
+
+#[test]
+fn proc_status() {
+    run(0x5555_aaaa_1234_4321, fuzzing::proc_status);
+    // shaped inputs: real field names with junk values
+    let mut rng = XorShift(77);
+    let names: [&[u8]; 7] = [
+        b"Tgid:",
+        b"Uid:",
+        b"Gid:",
+        b"CapEff:",
+        b"CapPrm:",
+        b"CapAmb:",
+        b"NoNewPrivs:",
+    ];
+    let mut buf = Vec::new();
+    for _ in 0..iterations() / 4 {
+        buf.clear();
+        for _ in 0..(rng.next() % 12) {
+            buf.extend_from_slice(names[(rng.next() % 7) as usize]);
+            for _ in 0..(rng.next() % 24) {
+                let alphabet = b"0123456789abcdef \t\n-+x";
+                buf.push(alphabet[(rng.next() % alphabet.len() as u64) as usize]);
+            }
+            buf.push(b'\n');
+        }
+        fuzzing::proc_status(&buf);
+    }
+}

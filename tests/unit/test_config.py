@@ -16,10 +16,11 @@ from monitor.config import Config, ConfigError, apply, finish
 
 FAST = settings(max_examples=200, deadline=None)
 
-ALL_KEYS = ["allow", "data_plane", "data_plane_threads", "dispatch_thread", "drop_capabilities", "keeper_socket", "key_dir",
-            "log_level", "max_connections", "max_targets", "metrics_address", "recv_thread",
-            "registration_timeout", "sandbox", "signing", "socket", "socket_group",
-            "socket_mode", "socket_owner", "state_dir", "sync_wakeup", "workers"]
+ALL_KEYS = ["allow", "data_plane", "data_plane_threads", "dispatch_thread",
+            "drop_capabilities", "keeper_socket", "key_dir", "log_level", "max_connections",
+            "max_targets", "metrics_address", "recv_thread", "registration_timeout",
+            "sandbox", "signing", "socket", "socket_group", "socket_mode", "socket_owner",
+            "state_dir", "sync_wakeup", "workers"]
 
 
 def _apply(values: dict[str, Any]) -> Config:
