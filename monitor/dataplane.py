@@ -76,7 +76,7 @@ class NativeDataPlane:
         try:
             self._plane.add(target.target_id, target.listener.fd, target.peer.uid,
                             share.share_id, share.dir_fd, share.path_fd, share.mount_id,
-                            share.is_mount_root)
+                            share.dev, share.is_mount_root)
         except BaseException:
             with self._lock:
                 del self._targets[target.target_id]

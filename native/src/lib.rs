@@ -7,6 +7,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
+pub mod creds;
 pub mod fuzzing;
 pub mod handle;
 pub mod mac;

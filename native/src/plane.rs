@@ -18,9 +18,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::abi::{self, Notification};
+use crate::creds::{ActingAs, Baseline};
 use crate::handle::{self, MAX_HANDLE_SZ, MAX_KERNEL_HANDLE_SIZE};
 use crate::mac::{KeyRing, ShareId};
 use crate::policy::{self, PATH_MAX, Paths, ShareFacts};
+use crate::status::Status;
 use crate::sys::{self, Errno};
 
 pub const SYSCALLS: [&str; 2] = ["name_to_handle_at", "open_by_handle_at"];
@@ -55,6 +57,7 @@ pub struct Config {
 
 pub struct Share {
     pub share_id: ShareId,
+    pub dev: u64,
     pub dir_fd: OwnedFd,
     pub path_fd: OwnedFd,
     pub facts: ShareFacts,
@@ -107,7 +110,7 @@ struct Target {
 struct ThreadEntry {
     tid: u32,
     pidfd: OwnedFd,
-    frozen_uid: Option<u32>,
+    frozen: Option<Arc<Status>>,
 }
 
 struct Running {
@@ -135,6 +138,8 @@ pub struct Plane {
 
 enum Outcome {
     Return(i64),
+    /// answered by ADDFD|SEND
+    Injected,
     Error(i32, Option<&'static str>),
     Gone,
     Defer,
@@ -267,6 +272,7 @@ impl Plane {
 
     fn serve(&self, target: &Target) {
         sys::block_signals_but_wake();
+        let base = Baseline::measure().ok();
         let mut raw = [0u8; abi::SECCOMP_NOTIF_SIZE];
         while !target.stopping.load(Ordering::SeqCst) {
             match sys::notif_recv(target.listener.as_fd(), &mut raw) {
@@ -282,15 +288,21 @@ impl Plane {
             let notif = Notification::parse(&raw);
             let syscall = match (notif.arch, notif.nr) {
                 (abi::AUDIT_ARCH_X86_64, abi::SYS_NAME_TO_HANDLE_AT) => Some(0),
+                (abi::AUDIT_ARCH_X86_64, abi::SYS_OPEN_BY_HANDLE_AT) if base.is_some() => Some(1),
                 _ => None,
             };
+            let mut status = None;
             let outcome = match syscall {
-                Some(0) => match owned_by_peer(target, &notif) {
-                    Ok(true) => self.name_to_handle_at(target, &notif),
+                Some(which) => match self.owned_by_peer(target, &notif, &mut status) {
+                    Ok(true) if which == 0 => self.name_to_handle_at(target, &notif),
+                    Ok(true) => match &base {
+                        Some(base) => self.open_by_handle_at(target, &notif, base, &mut status),
+                        None => Outcome::Defer,
+                    },
                     Ok(false) => Outcome::Defer, // the reference refuses it (EPERM + audit)
                     Err(outcome) => outcome,
                 },
-                _ => Outcome::Defer,
+                None => Outcome::Defer,
             };
             let syscall = syscall.unwrap_or(0);
             let result = match outcome {
@@ -300,6 +312,7 @@ impl Plane {
                     continue; // the Python reference counts its own calls
                 }
                 Outcome::Gone => GONE,
+                Outcome::Injected => 0,
                 Outcome::Return(val) => {
                     let resp = abi::encode_response(notif.id, val, 0);
                     let _ = sys::notif_send(target.listener.as_fd(), &resp);
@@ -515,6 +528,283 @@ impl Plane {
         }
     }
 
+    /// TargetThread.status: the thread's credentials, from the cache while they are frozen
+    /// and its pidfd's thread lives, else read from /proc (a new pidfd opened first: the
+    /// ID_VALID after the read proves it names the caller). Memoised for the call.
+    fn thread_status(
+        &self,
+        target: &Target,
+        n: &Notification,
+        memo: &mut Option<Arc<Status>>,
+    ) -> Result<Arc<Status>, Outcome> {
+        if let Some(status) = memo {
+            return Ok(Arc::clone(status));
+        }
+        let mut cache = lock(&target.threads);
+        let mut have_live = false;
+        if let Some(e) = cache.iter().find(|e| e.tid == n.pid) {
+            if sys::pidfd_alive(e.pidfd.as_fd()) {
+                if let Some(status) = &e.frozen {
+                    *memo = Some(Arc::clone(status));
+                    return Ok(Arc::clone(status));
+                }
+                have_live = true;
+            }
+        }
+        let pidfd = if have_live {
+            None
+        } else {
+            sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD).ok()
+        };
+        let mut buf = [0u8; 8192];
+        let Ok(len) = sys::read_proc_status(n.pid, &mut buf) else {
+            return Err(Outcome::Gone);
+        };
+        if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
+            return Err(Outcome::Gone);
+        }
+        let Some(mut status) = crate::status::parse(&buf[..len]) else {
+            return Err(Outcome::Gone);
+        };
+        if !self.in_our_user_ns(n.pid) {
+            status.creds.cap_effective = 0; // no capability over fhmon's files
+        }
+        status.frozen = status.frozen && status.creds.cap_effective == 0;
+        let status = Arc::new(status);
+        let frozen = status.frozen.then(|| Arc::clone(&status));
+        match pidfd {
+            Some(pidfd) => remember(&mut cache, n.pid, pidfd, frozen),
+            None => {
+                if let Some(e) = cache.iter_mut().find(|e| e.tid == n.pid) {
+                    e.frozen = frozen;
+                }
+            }
+        }
+        *memo = Some(Arc::clone(&status));
+        Ok(status)
+    }
+
+    fn in_our_user_ns(&self, tid: u32) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let ours = std::fs::metadata("/proc/self/ns/user").map(|m| (m.dev(), m.ino()));
+        let theirs = std::fs::metadata(format!("/proc/{tid}/ns/user")).map(|m| (m.dev(), m.ino()));
+        matches!((ours, theirs), (Ok(a), Ok(b)) if a == b)
+    }
+
+    /// Answerer._owned_by_peer: a target registered by an unprivileged client is served
+    /// only for threads of that client's uid. Ok(false): another uid (the reference answers
+    /// EPERM and audits it); Err(Gone): the thread went away.
+    fn owned_by_peer(
+        &self,
+        target: &Target,
+        n: &Notification,
+        memo: &mut Option<Arc<Status>>,
+    ) -> Result<bool, Outcome> {
+        if target.peer_uid == 0 {
+            return Ok(true);
+        }
+        Ok(self.thread_status(target, n, memo)?.uid == target.peer_uid)
+    }
+
+    // --- open_by_handle_at ------------------------------------------------------------
+
+    fn open_by_handle_at(
+        &self,
+        target: &Target,
+        n: &Notification,
+        base: &Baseline,
+        memo: &mut Option<Arc<Status>>,
+    ) -> Outcome {
+        let tid = n.pid as i32;
+        let mount_fd = abi::arg_int(n.args[0]);
+        let handle_ptr = abi::arg_ptr(n.args[1]);
+        let flags = abi::arg_int(n.args[2]);
+
+        let mut raw = [0u8; handle::HEADER_SIZE + MAX_HANDLE_SZ];
+        let got = if handle_ptr == 0 {
+            0
+        } else {
+            let room = (u64::MAX - handle_ptr + 1).min(raw.len() as u64) as usize;
+            match sys::read_target(tid, handle_ptr, &mut raw[..room]) {
+                Ok(got) => got,
+                Err(libc::ESRCH) => return Outcome::Gone,
+                Err(_) => return err(libc::EIO),
+            }
+        };
+        let (header, f_handle) = match handle::parse_presented(&raw[..got]) {
+            Ok(v) => v,
+            Err(e) => return err(e.errno()),
+        };
+        let mount_dev = match self.mount_fd_device(target, n, mount_fd) {
+            Ok(dev) => dev,
+            Err(outcome) => return outcome,
+        };
+        let kernel_bytes = if self.config.signing {
+            let Some(keys) = self.keys() else {
+                return err(libc::EIO);
+            };
+            match keys.verify(&target.share.share_id, header.handle_type, f_handle) {
+                Some(k) => {
+                    let mut copy = [0u8; MAX_HANDLE_SZ];
+                    copy[..k.len()].copy_from_slice(k);
+                    (copy, k.len())
+                }
+                None => return Outcome::Error(libc::ESTALE, Some("bad or foreign MAC")),
+            }
+        } else {
+            let mut copy = [0u8; MAX_HANDLE_SZ];
+            copy[..f_handle.len()].copy_from_slice(f_handle);
+            (copy, f_handle.len())
+        };
+        if mount_dev != target.share.dev {
+            return Outcome::Error(libc::ESTALE, Some("mount_fd on another filesystem"));
+        }
+        let obj = match sys::open_by_handle_at(
+            target.share.dir_fd.as_fd(),
+            header.handle_type,
+            &kernel_bytes.0[..kernel_bytes.1],
+            libc::O_PATH | libc::O_CLOEXEC,
+        ) {
+            Ok(fd) => fd,
+            Err(0) => return err(libc::ESTALE),
+            Err(e) => return err(e),
+        };
+        let Ok((mode, obj_mount)) = sys::statx_mode_mount(obj.as_fd()) else {
+            return err(libc::EIO);
+        };
+        let file_type = mode & libc::S_IFMT;
+        let is_dir = file_type == libc::S_IFDIR;
+        if !(is_dir || file_type == libc::S_IFREG) {
+            return Outcome::Error(
+                libc::EACCES,
+                Some("fhmon opens only directories and regular files"),
+            );
+        }
+        let mut paths = FdPaths {
+            obj: obj.as_fd(),
+            share: target.share.path_fd.as_fd(),
+        };
+        if let Err(refusal) =
+            policy::check_opened(&target.share.facts, is_dir, obj_mount, &mut paths)
+        {
+            return Outcome::Error(refusal.errno, Some(refusal.reason));
+        }
+        let opened = match self.reopen_as_target(target, n, base, memo, obj.as_fd(), flags, is_dir)
+        {
+            Ok(fd) => fd,
+            Err(outcome) => return outcome,
+        };
+        drop(obj);
+        let newfd_flags = if flags & abi::O_CLOEXEC != 0 {
+            abi::O_CLOEXEC as u32
+        } else {
+            0
+        };
+        let addfd = abi::encode_addfd(
+            n.id,
+            std::os::fd::AsRawFd::as_raw_fd(&opened),
+            newfd_flags,
+            abi::SECCOMP_ADDFD_FLAG_SEND,
+        );
+        // no signal may interrupt ADDFD|SEND once the kernel marked the call answered
+        let mask = sys::block_all_signals();
+        let added = sys::notif_addfd(target.listener.as_fd(), &addfd);
+        sys::restore_signals(&mask);
+        match added {
+            Ok(_) => Outcome::Injected,
+            Err(libc::ENOENT) => Outcome::Gone,
+            Err(e) => err(e), // e.g. EMFILE in the target
+        }
+    }
+
+    /// _mount_fd_device: EBADF as the kernel gives it (a bad fd, an O_PATH fd), else the
+    /// st_dev of the target's mount_fd (or of its cwd for AT_FDCWD).
+    fn mount_fd_device(&self, target: &Target, n: &Notification, fd: i32) -> Result<u64, Outcome> {
+        let ours = if fd == abi::AT_FDCWD {
+            let cwd = sys::open_proc_link(n.pid, b"cwd").map_err(|_| Outcome::Gone)?;
+            if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
+                return Err(Outcome::Gone);
+            }
+            cwd
+        } else {
+            if fd < 0 {
+                return Err(err(libc::EBADF));
+            }
+            let ours = self.take_fd(target, n, fd)?;
+            match sys::fcntl_getfl(ours.as_fd()) {
+                Ok(fl) if fl & libc::O_PATH != 0 => return Err(err(libc::EBADF)),
+                Ok(_) => {}
+                Err(_) => return Err(err(libc::EIO)),
+            }
+            ours
+        };
+        sys::fstat_dev_uid(ours.as_fd())
+            .map(|(dev, _)| dev)
+            .map_err(|_| err(libc::EIO))
+    }
+
+    /// _reopen_as_target: the open the target asked for, with its own credentials; O_PATH
+    /// becomes a real read-only (else write-only) open, or a read-only fd fhmon opens for
+    /// an owner who could chmod itself access.
+    #[allow(clippy::too_many_arguments)]
+    fn reopen_as_target(
+        &self,
+        target: &Target,
+        n: &Notification,
+        base: &Baseline,
+        memo: &mut Option<Arc<Status>>,
+        obj: BorrowedFd<'_>,
+        flags: i32,
+        is_dir: bool,
+    ) -> Result<OwnedFd, Outcome> {
+        let status = self.thread_status(target, n, memo)?;
+        let creds = &status.creds;
+        let strip = abi::O_CLOEXEC | libc::O_NOFOLLOW | abi::O_PATH;
+        let mut attempts = [0i32; 2];
+        let count;
+        if flags & abi::O_PATH != 0 {
+            if flags & libc::O_DIRECTORY != 0 && !is_dir {
+                return Err(err(libc::ENOTDIR));
+            }
+            if is_dir {
+                attempts[0] = libc::O_RDONLY | libc::O_DIRECTORY;
+                count = 1;
+            } else {
+                attempts = [libc::O_RDONLY, libc::O_WRONLY];
+                count = 2;
+            }
+        } else {
+            attempts[0] = (flags & !strip) | libc::O_NOCTTY;
+            count = 1;
+        }
+        let mut first_error = 0;
+        {
+            let _acting = ActingAs::reopen_only(base, creds).map_err(|_| err(libc::EIO))?;
+            for attempt in &attempts[..count] {
+                match sys::reopen(obj, attempt | abi::O_CLOEXEC) {
+                    Ok(fd) => return Ok(fd),
+                    Err(e) => {
+                        if first_error == 0 {
+                            first_error = if e == 0 { libc::EACCES } else { e };
+                        }
+                    }
+                }
+            }
+        }
+        let owned = sys::fstat_dev_uid(obj).map_err(|_| err(libc::EIO))?.1 == creds.fsuid;
+        if flags & abi::O_PATH != 0 && first_error == libc::EACCES && owned {
+            let fd = sys::reopen(obj, attempts[0] | abi::O_CLOEXEC).map_err(|_| err(libc::EIO))?;
+            let chmod_possible = match sys::inode_flags(fd.as_fd()) {
+                Ok(f) => f & (0x10 | 0x20) == 0, // FS_IMMUTABLE_FL | FS_APPEND_FL
+                Err(_) => true,                  // the filesystem has no such flags
+            };
+            if chmod_possible {
+                return Ok(fd);
+            }
+        }
+        Err(err(first_error))
+    }
+
     /// TargetThread.take_fd(check=False): a duplicate of the target's fd through a cached
     /// pidfd of the calling thread (proved alive by the getfd itself) or a new one.
     fn take_fd(&self, target: &Target, n: &Notification, fd: i32) -> Result<OwnedFd, Outcome> {
@@ -541,63 +831,14 @@ impl Plane {
     }
 }
 
-fn remember(cache: &mut Vec<ThreadEntry>, tid: u32, pidfd: OwnedFd, frozen_uid: Option<u32>) {
+fn remember(cache: &mut Vec<ThreadEntry>, tid: u32, pidfd: OwnedFd, frozen: Option<Arc<Status>>) {
     cache.retain(|e| e.tid != tid);
     if cache.len() >= PIDFD_CACHE {
         cache.retain(|e| sys::pidfd_alive(e.pidfd.as_fd()));
     }
     if cache.len() < PIDFD_CACHE {
-        cache.push(ThreadEntry {
-            tid,
-            pidfd,
-            frozen_uid,
-        });
+        cache.push(ThreadEntry { tid, pidfd, frozen });
     }
-}
-
-/// Answerer._owned_by_peer: a target registered by an unprivileged client is served only
-/// for threads of that client's uid. Ok(false): another uid (the reference answers EPERM
-/// and audits it); Err(Gone): the thread went away.
-fn owned_by_peer(target: &Target, n: &Notification) -> Result<bool, Outcome> {
-    if target.peer_uid == 0 {
-        return Ok(true);
-    }
-    let mut cache = lock(&target.threads);
-    let mut have_live = false;
-    if let Some(e) = cache.iter().find(|e| e.tid == n.pid) {
-        if sys::pidfd_alive(e.pidfd.as_fd()) {
-            if let Some(uid) = e.frozen_uid {
-                return Ok(uid == target.peer_uid);
-            }
-            have_live = true;
-        }
-    }
-    // a new pidfd before the read: the ID_VALID after it proves it names the caller
-    let pidfd = if have_live {
-        None
-    } else {
-        sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD).ok()
-    };
-    let mut buf = [0u8; 8192];
-    let Ok(len) = sys::read_proc_status(n.pid, &mut buf) else {
-        return Err(Outcome::Gone);
-    };
-    if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
-        return Err(Outcome::Gone);
-    }
-    let Some(status) = crate::status::parse(&buf[..len]) else {
-        return Err(Outcome::Gone);
-    };
-    let frozen_uid = status.frozen.then_some(status.uid);
-    match pidfd {
-        Some(pidfd) => remember(&mut cache, n.pid, pidfd, frozen_uid),
-        None => {
-            if let Some(e) = cache.iter_mut().find(|e| e.tid == n.pid) {
-                e.frozen_uid = frozen_uid;
-            }
-        }
-    }
-    Ok(status.uid == target.peer_uid)
 }
 
 fn getfd_error(target: &Target, n: &Notification, e: Errno) -> Outcome {
@@ -679,15 +920,24 @@ fn stop_threads(target: &Target, threads: Vec<JoinHandle<()>>) {
 }
 
 /// One thread for every target's hang-up: poll(events = 0) reports POLLHUP once no task
-/// uses a filter; each is reported once, then left to remove().
+/// uses a filter; each is reported once, then left to remove(). It also sweeps the thread
+/// caches.
 fn watch_hangups(plane: std::sync::Weak<Plane>) {
     sys::block_signals_but_wake();
     let mut fds: Vec<libc::pollfd> = Vec::new();
     let mut ids: Vec<(u64, Arc<Target>)> = Vec::new();
+    let mut swept = Instant::now();
     loop {
         let Some(p) = plane.upgrade() else { return };
         if p.is_stopped() {
             return;
+        }
+        if swept.elapsed() >= Duration::from_secs(1) {
+            // forget exited threads' pidfds once a second (ThreadCache.sweep)
+            swept = Instant::now();
+            for running in lock(&p.targets).iter() {
+                lock(&running.target.threads).retain(|e| sys::pidfd_alive(e.pidfd.as_fd()));
+            }
         }
         fds.clear();
         ids.clear();

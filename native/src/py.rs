@@ -157,10 +157,12 @@ impl PyPlane {
         dir_fd: i32,
         path_fd: i32,
         mount_id: u64,
+        dev: u64,
         is_mount_root: bool,
     ) -> PyResult<()> {
         let share = crate::plane::Share {
             share_id: self::share_id(share_id)?,
+            dev,
             dir_fd: crate::sys::dup(dir_fd).map_err(os_error)?,
             path_fd: crate::sys::dup(path_fd).map_err(os_error)?,
             facts: crate::policy::ShareFacts {

@@ -449,6 +449,181 @@ pub fn wake_thread(thread: libc::pthread_t) {
     unsafe { libc::pthread_kill(thread, wake_signal()) };
 }
 
+// --- credentials of the calling thread ---------------------------------------------------
+
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// (effective, permitted, inheritable) of the calling thread, as 64-bit masks.
+pub fn capget_thread() -> Result<(u64, u64, u64), Errno> {
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: a version-3 header and the two data structs that version reads and writes.
+    let ret = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
+    if ret < 0 {
+        return Err(last_errno());
+    }
+    let join = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+    Ok((
+        join(data[0].effective, data[1].effective),
+        join(data[0].permitted, data[1].permitted),
+        join(data[0].inheritable, data[1].inheritable),
+    ))
+}
+
+/// capset on the calling thread only (the raw syscall; pid 0 = this thread).
+pub fn capset_thread(effective: u64, permitted: u64, inheritable: u64) -> Result<(), Errno> {
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let data = [
+        CapData {
+            effective: effective as u32,
+            permitted: permitted as u32,
+            inheritable: inheritable as u32,
+        },
+        CapData {
+            effective: (effective >> 32) as u32,
+            permitted: (permitted >> 32) as u32,
+            inheritable: (inheritable >> 32) as u32,
+        },
+    ];
+    // SAFETY: a version-3 header and the two data structs that version reads.
+    let ret = unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) };
+    if ret < 0 { Err(last_errno()) } else { Ok(()) }
+}
+
+/// (euid, egid) of the process.
+pub fn euid_egid() -> (u32, u32) {
+    // SAFETY: geteuid/getegid take nothing and cannot fail.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+/// setfsuid/setfsgid: per-thread by nature; they return the previous id.
+pub fn setfsuid(uid: u32) -> u32 {
+    // SAFETY: takes an integer, touches no memory.
+    unsafe { libc::syscall(libc::SYS_setfsuid, uid) as u32 }
+}
+
+pub fn setfsgid(gid: u32) -> u32 {
+    // SAFETY: takes an integer, touches no memory.
+    unsafe { libc::syscall(libc::SYS_setfsgid, gid) as u32 }
+}
+
+/// setgroups for the calling thread only (the raw syscall; glibc's wrapper would change
+/// every thread of the process).
+pub fn setgroups_thread(groups: &[u32]) -> Result<(), Errno> {
+    // SAFETY: the kernel reads groups.len() gid_t (u32) values from the slice.
+    let ret = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    if ret < 0 { Err(last_errno()) } else { Ok(()) }
+}
+
+/// The calling thread's supplementary groups, into buf: how many.
+pub fn getgroups(buf: &mut [u32]) -> Result<usize, Errno> {
+    // SAFETY: the kernel writes at most buf.len() gid_t values into buf.
+    let ret = unsafe { libc::getgroups(buf.len() as i32, buf.as_mut_ptr()) };
+    if ret < 0 {
+        Err(last_errno())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+/// Block every signal on the calling thread; the previous mask, for restore_signals.
+pub fn block_all_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain old data filled by sigfillset; the old mask is written by
+    // pthread_sigmask into a live sigset_t. Affects the calling thread only.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        old
+    }
+}
+
+pub fn restore_signals(old: &libc::sigset_t) {
+    // SAFETY: old is a mask returned by block_all_signals.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+}
+
+// --- our own fds --------------------------------------------------------------------------
+
+/// open("/proc/self/fd/N", flags): a new open file for what fd names, with an open's
+/// permission checks (linux.reopen).
+pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> Result<OwnedFd, Errno> {
+    let mut link = [0u8; 32];
+    let prefix = b"/proc/self/fd/";
+    link[..prefix.len()].copy_from_slice(prefix);
+    write_decimal(fd.as_raw_fd() as u32, &mut link[prefix.len()..]);
+    // SAFETY: link is NUL-terminated within its 32 bytes.
+    owned(unsafe { libc::open(link.as_ptr().cast(), flags, 0) } as libc::c_long)
+}
+
+/// open("/proc/TID/<name>", O_PATH): the target thread's cwd or root.
+pub fn open_proc_link(tid: u32, name: &[u8]) -> Result<OwnedFd, Errno> {
+    let mut path = [0u8; 48];
+    let prefix = b"/proc/";
+    path[..prefix.len()].copy_from_slice(prefix);
+    let mut at = prefix.len();
+    at += write_decimal(tid, &mut path[at..]);
+    path[at] = b'/';
+    at += 1;
+    let name = &name[..name.len().min(path.len() - at - 1)];
+    path[at..at + name.len()].copy_from_slice(name);
+    // SAFETY: path is NUL-terminated (its last byte is never written).
+    owned(
+        unsafe { libc::open(path.as_ptr().cast(), libc::O_PATH | libc::O_CLOEXEC) } as libc::c_long,
+    )
+}
+
+pub fn fcntl_getfl(fd: BorrowedFd<'_>) -> Result<i32, Errno> {
+    // SAFETY: F_GETFL takes no pointer.
+    let ret = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if ret < 0 { Err(last_errno()) } else { Ok(ret) }
+}
+
+/// fstat: (st_dev, st_uid).
+pub fn fstat_dev_uid(fd: BorrowedFd<'_>) -> Result<(u64, u32), Errno> {
+    // SAFETY: stat is plain old data, written whole by fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a live struct stat.
+    let ret = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) };
+    if ret < 0 {
+        return Err(last_errno());
+    }
+    Ok((st.st_dev, st.st_uid))
+}
+
+/// FS_IOC_GETFLAGS: the inode flags (immutable, append-only...).
+pub fn inode_flags(fd: BorrowedFd<'_>) -> Result<i32, Errno> {
+    let mut flags: i32 = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int through the pointer, which points at one.
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), 0x8008_6601u64 as _, &mut flags) };
+    if ret < 0 {
+        Err(last_errno())
+    } else {
+        Ok(flags)
+    }
+}
+
 // --- unix sockets ------------------------------------------------------------------------
 
 /// recvmsg on a unix stream socket: bytes into buf and at most one SCM_RIGHTS fd.
