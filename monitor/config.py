@@ -45,9 +45,10 @@ class Config:
     workers: int = 0
     sandbox: bool = False
     # who answers the calls: "python" (monitor/handlers, the reference) or "native" (the
-    # Rust plane, monitor/dataplane.py), with data_plane_threads threads per target
+    # Rust plane, monitor/dataplane.py), with data_plane_threads threads per target (1: on a
+    # 2-CPU node a second thread let one busy target take both CPUs; test_fairness)
     data_plane: str = "python"
-    data_plane_threads: int = 2
+    data_plane_threads: int = 1
 
     def to_toml(self) -> str:
         lines = []

@@ -344,7 +344,7 @@ def test_to_toml_default_text() -> None:
         "workers = 0\n"
         "sandbox = false\n"
         'data_plane = "python"\n'
-        "data_plane_threads = 2\n")
+        "data_plane_threads = 1\n")
 
 
 def test_to_toml_quotes() -> None:
