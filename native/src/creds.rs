@@ -67,8 +67,21 @@ pub struct ActingAs<'a> {
 }
 
 impl<'a> ActingAs<'a> {
+    /// For a path walk of the target's (acting_as(creds)): the whole switch.
+    pub fn full(base: &'a Baseline, creds: &'a Credentials) -> Result<Self, sys::Errno> {
+        Self::switch(base, creds, false)
+    }
+
     pub fn reopen_only(base: &'a Baseline, creds: &'a Credentials) -> Result<Self, sys::Errno> {
         let fsuid_only = base.fsuid_drops_caps && creds.cap_effective == 0 && creds.fsuid != 0;
+        Self::switch(base, creds, fsuid_only)
+    }
+
+    fn switch(
+        base: &'a Baseline,
+        creds: &'a Credentials,
+        fsuid_only: bool,
+    ) -> Result<Self, sys::Errno> {
         let guard = ActingAs {
             base,
             creds,

@@ -6,9 +6,10 @@
 //! code does not handle yet is passed to the Python reference (`Fallback`), serialised per
 //! target, before anything has reached the target: answers stay identical.
 //!
-//! Ported (errno for errno with monitor/handlers/name_to_handle_at.py): name_to_handle_at
-//! on an empty path with AT_EMPTY_PATH and a dirfd (virtiofsd's LOOKUP), for targets
-//! registered by root. Everything else goes to the fallback.
+//! Ported errno for errno: monitor/handlers/name_to_handle_at.py and open_by_handle_at.py,
+//! and Answerer's uid check. What still goes to the fallback: another uid's call (the
+//! reference answers EPERM and audits it), other syscalls or architectures (ENOSYS), and
+//! the rare cases noted where they arise (a kernel without PIDFD_THREAD).
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -134,6 +135,8 @@ pub struct Plane {
     fallback: Box<Fallback>,
     hang_up: Box<HangUp>,
     watcher: Mutex<Option<JoinHandle<()>>>,
+    /// fhmon's own root: (st_dev, st_ino, unique mount id)
+    our_root: Option<(u64, u64, u64)>,
 }
 
 enum Outcome {
@@ -166,6 +169,11 @@ impl Plane {
             fallback,
             hang_up,
             watcher: Mutex::new(None),
+            our_root: sys::open_path(c"/").ok().and_then(|fd| {
+                let (dev, ino) = sys::fstat_dev_ino(fd.as_fd()).ok()?;
+                let (_, mnt) = sys::statx_mode_mount(fd.as_fd()).ok()?;
+                Some((dev, ino, mnt))
+            }),
         });
         let weak = Arc::downgrade(&plane);
         let watcher = std::thread::Builder::new()
@@ -294,7 +302,9 @@ impl Plane {
             let mut status = None;
             let outcome = match syscall {
                 Some(which) => match self.owned_by_peer(target, &notif, &mut status) {
-                    Ok(true) if which == 0 => self.name_to_handle_at(target, &notif),
+                    Ok(true) if which == 0 => {
+                        self.name_to_handle_at(target, &notif, base.as_ref(), &mut status)
+                    }
                     Ok(true) => match &base {
                         Some(base) => self.open_by_handle_at(target, &notif, base, &mut status),
                         None => Outcome::Defer,
@@ -379,7 +389,13 @@ impl Plane {
 
     // --- name_to_handle_at ------------------------------------------------------------
 
-    fn name_to_handle_at(&self, target: &Target, n: &Notification) -> Outcome {
+    fn name_to_handle_at(
+        &self,
+        target: &Target,
+        n: &Notification,
+        base: Option<&Baseline>,
+        memo: &mut Option<Arc<Status>>,
+    ) -> Outcome {
         let tid = n.pid as i32;
         let dirfd = abi::arg_int(n.args[0]);
         let path_ptr = abi::arg_ptr(n.args[1]);
@@ -395,28 +411,17 @@ impl Plane {
         {
             return err(libc::EINVAL);
         }
-        // getname(): only the empty path is ported; its first byte tells
-        if path_ptr == 0 {
-            return err(libc::EFAULT);
-        }
-        let mut first = [0u8; 1];
-        match sys::read_target(tid, path_ptr, &mut first) {
-            Ok(0) => return err(libc::EFAULT),
-            Ok(_) if first[0] != 0 => return Outcome::Defer,
-            Ok(_) => {}
-            Err(libc::ESRCH) => return Outcome::Gone,
-            Err(_) => return err(libc::EIO),
-        }
-        if flags & abi::AT_EMPTY_PATH == 0 {
+        // getname(), then the walk (resolve) as the target
+        let mut path_buf = [0u8; PATH_MAX];
+        let path_len = match read_path(tid, path_ptr, &mut path_buf) {
+            Ok(len) => len,
+            Err(outcome) => return outcome,
+        };
+        if path_len == 0 && flags & abi::AT_EMPTY_PATH == 0 {
             return err(libc::ENOENT);
         }
-        if dirfd == abi::AT_FDCWD {
-            return Outcome::Defer; // the cwd: not ported
-        }
-        if dirfd < 0 {
-            return err(libc::EBADF);
-        }
-        let obj = match self.take_fd(target, n, dirfd) {
+        let follow = flags & abi::AT_SYMLINK_FOLLOW != 0;
+        let obj = match self.resolve(target, n, base, memo, dirfd, &path_buf[..=path_len], follow) {
             Ok(fd) => fd,
             Err(outcome) => return outcome,
         };
@@ -432,14 +437,23 @@ impl Plane {
         }
         let passthrough = flags & (abi::AT_HANDLE_FID | abi::AT_HANDLE_MNT_ID_UNIQUE);
         let mut kernel_bytes = [0u8; MAX_HANDLE_SZ];
-        let (handle_type, len, mnt) = match sys::name_to_handle_at(
-            obj.as_fd(),
-            c"",
-            passthrough | abi::AT_EMPTY_PATH,
-            &mut kernel_bytes,
-        ) {
+        let kernel_handle = if flags & abi::AT_HANDLE_CONNECTABLE != 0 {
+            sys::name_to_handle_at_of_fd(
+                obj.as_fd(),
+                passthrough | abi::AT_HANDLE_CONNECTABLE | abi::AT_SYMLINK_FOLLOW,
+                &mut kernel_bytes,
+            )
+        } else {
+            sys::name_to_handle_at(
+                obj.as_fd(),
+                c"",
+                passthrough | abi::AT_EMPTY_PATH,
+                &mut kernel_bytes,
+            )
+        };
+        let (handle_type, len, mnt) = match kernel_handle {
             Ok(v) => v,
-            Err(e) => return err(e),
+            Err(e) => return err(if e == 0 { libc::EINVAL } else { e }),
         };
         drop(obj);
         let file_type = mode & libc::S_IFMT;
@@ -526,6 +540,79 @@ impl Plane {
             Ok(()) => Outcome::Return(0),
             Err(outcome) => outcome,
         }
+    }
+
+    /// name_to_handle_at.resolve: what the target's own lookup of `path` (NUL-terminated)
+    /// would find, as an O_PATH fd of ours; the walk runs with the target's credentials and
+    /// refuses magic links (they would resolve in fhmon's context).
+    #[allow(clippy::too_many_arguments)]
+    fn resolve(
+        &self,
+        target: &Target,
+        n: &Notification,
+        base: Option<&Baseline>,
+        memo: &mut Option<Arc<Status>>,
+        dirfd: i32,
+        path: &[u8],
+        follow: bool,
+    ) -> Result<OwnedFd, Outcome> {
+        const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+        const RESOLVE_IN_ROOT: u64 = 0x10;
+        let mut resolve_flags = RESOLVE_NO_MAGICLINKS;
+        let start = if path.first() == Some(&b'/') {
+            let root = self.open_proc_link(target, n, b"root")?;
+            if !self.same_root_as_ours(root.as_fd()) {
+                resolve_flags |= RESOLVE_IN_ROOT;
+            }
+            root
+        } else if dirfd == abi::AT_FDCWD {
+            self.open_proc_link(target, n, b"cwd")?
+        } else {
+            if dirfd < 0 {
+                return Err(err(libc::EBADF));
+            }
+            self.take_fd(target, n, dirfd)?
+        };
+        if path.len() <= 1 {
+            return Ok(start); // the empty path: the start itself
+        }
+        let Some(base) = base else {
+            return Err(Outcome::Defer);
+        };
+        let status = self.thread_status(target, n, memo)?;
+        let cpath = std::ffi::CStr::from_bytes_with_nul(path).map_err(|_| err(libc::EFAULT))?;
+        let open_flags = libc::O_PATH | libc::O_CLOEXEC | if follow { 0 } else { libc::O_NOFOLLOW };
+        let _acting = ActingAs::full(base, &status.creds).map_err(|_| err(libc::EIO))?;
+        sys::openat2(start.as_fd(), cpath, open_flags, resolve_flags)
+            .map_err(|e| err(if e == 0 { libc::EINVAL } else { e }))
+    }
+
+    /// TargetThread.open_root/open_cwd: /proc/TID/<link>, then ID_VALID.
+    fn open_proc_link(
+        &self,
+        target: &Target,
+        n: &Notification,
+        name: &[u8],
+    ) -> Result<OwnedFd, Outcome> {
+        let fd = sys::open_proc_link(n.pid, name).map_err(|_| Outcome::Gone)?;
+        if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
+            return Err(Outcome::Gone);
+        }
+        Ok(fd)
+    }
+
+    /// _same_root_as_ours: the target's root is fhmon's own (same inode and mount).
+    fn same_root_as_ours(&self, root: BorrowedFd<'_>) -> bool {
+        let Some(ours) = self.our_root else {
+            return false;
+        };
+        let Ok(dev_ino) = sys::fstat_dev_ino(root) else {
+            return false;
+        };
+        let Ok((_, mnt)) = sys::statx_mode_mount(root) else {
+            return false;
+        };
+        (dev_ino.0, dev_ino.1, mnt) == ours
     }
 
     /// TargetThread.status: the thread's credentials, from the cache while they are frozen
@@ -838,6 +925,42 @@ fn remember(cache: &mut Vec<ThreadEntry>, tid: u32, pidfd: OwnedFd, frozen: Opti
     }
     if cache.len() < PIDFD_CACHE {
         cache.push(ThreadEntry { tid, pidfd, frozen });
+    }
+}
+
+/// getname(): a NUL-terminated path of at most PATH_MAX bytes with the NUL, read as
+/// TargetThread.read_path (the first page first, where almost every path ends): its length
+/// without the NUL (which buf holds at that index).
+fn read_path(tid: i32, addr: u64, buf: &mut [u8; PATH_MAX]) -> Result<usize, Outcome> {
+    const PAGE: u64 = 4096;
+    if addr == 0 {
+        return Err(err(libc::EFAULT));
+    }
+    let read = |at: u64, into: &mut [u8]| match sys::read_target(tid, at, into) {
+        Ok(got) => Ok(got),
+        Err(libc::ESRCH) => Err(Outcome::Gone),
+        Err(_) => Err(err(libc::EIO)),
+    };
+    let first = (PATH_MAX as u64).min(PAGE - addr % PAGE) as usize;
+    let got = read(addr, &mut buf[..first])?;
+    if let Some(nul) = buf[..got].iter().position(|&b| b == 0) {
+        return Ok(nul);
+    }
+    if got < first {
+        return Err(err(libc::EFAULT));
+    }
+    let after = u128::from(addr) + first as u128;
+    let rest = ((PATH_MAX - first) as u128).min((1u128 << 64) - after) as usize;
+    let got = if rest == 0 {
+        0
+    } else {
+        read(after as u64, &mut buf[first..first + rest])?
+    };
+    let total = first + got;
+    match buf[..total].iter().position(|&b| b == 0) {
+        Some(nul) => Ok(nul),
+        None if total < PATH_MAX => Err(err(libc::EFAULT)),
+        None => Err(err(libc::ENAMETOOLONG)),
     }
 }
 

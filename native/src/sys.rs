@@ -250,6 +250,31 @@ pub fn name_to_handle_at(
     flags: i32,
     out: &mut [u8; crate::handle::MAX_HANDLE_SZ],
 ) -> Result<(i32, usize, u64), Errno> {
+    name_to_handle_at_raw(dirfd.as_raw_fd(), path, flags, out)
+}
+
+/// name_to_handle_at(AT_FDCWD, "/proc/self/fd/N", flags): a handle of what one of our fds
+/// names, through the magic link (AT_HANDLE_CONNECTABLE needs a path walk).
+pub fn name_to_handle_at_of_fd(
+    fd: BorrowedFd<'_>,
+    flags: i32,
+    out: &mut [u8; crate::handle::MAX_HANDLE_SZ],
+) -> Result<(i32, usize, u64), Errno> {
+    let mut link = [0u8; 32];
+    let prefix = b"/proc/self/fd/";
+    link[..prefix.len()].copy_from_slice(prefix);
+    let n = write_decimal(fd.as_raw_fd() as u32, &mut link[prefix.len()..]);
+    let path =
+        CStr::from_bytes_with_nul(&link[..prefix.len() + n + 1]).map_err(|_| libc::EINVAL)?;
+    name_to_handle_at_raw(abi::AT_FDCWD, path, flags, out)
+}
+
+fn name_to_handle_at_raw(
+    dirfd: RawFd,
+    path: &CStr,
+    flags: i32,
+    out: &mut [u8; crate::handle::MAX_HANDLE_SZ],
+) -> Result<(i32, usize, u64), Errno> {
     let mut buf = [0u8; 8 + crate::handle::MAX_HANDLE_SZ];
     buf[..4].copy_from_slice(&(crate::handle::MAX_HANDLE_SZ as u32).to_le_bytes());
     let mut mount_id = [0u8; 8]; // a u64 with AT_HANDLE_MNT_ID_UNIQUE, else an int
@@ -258,7 +283,7 @@ pub fn name_to_handle_at(
     let ret = unsafe {
         libc::syscall(
             libc::SYS_name_to_handle_at,
-            dirfd.as_raw_fd(),
+            dirfd,
             path.as_ptr(),
             buf.as_mut_ptr(),
             mount_id.as_mut_ptr(),
@@ -575,6 +600,45 @@ pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> Result<OwnedFd, Errno> {
     write_decimal(fd.as_raw_fd() as u32, &mut link[prefix.len()..]);
     // SAFETY: link is NUL-terminated within its 32 bytes.
     owned(unsafe { libc::open(link.as_ptr().cast(), flags, 0) } as libc::c_long)
+}
+
+/// openat2(dirfd, path, {flags, 0, resolve}).
+pub fn openat2(
+    dirfd: BorrowedFd<'_>,
+    path: &CStr,
+    flags: i32,
+    resolve: u64,
+) -> Result<OwnedFd, Errno> {
+    let how: [u64; 3] = [flags as u32 as u64, 0, resolve];
+    // SAFETY: path is NUL-terminated; how is a live struct open_how (flags, mode, resolve:
+    // three u64) and its size is passed.
+    owned(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dirfd.as_raw_fd(),
+            path.as_ptr(),
+            how.as_ptr(),
+            std::mem::size_of_val(&how),
+        )
+    })
+}
+
+/// open(path, O_PATH | O_CLOEXEC) of a path of ours.
+pub fn open_path(path: &CStr) -> Result<OwnedFd, Errno> {
+    // SAFETY: path is NUL-terminated.
+    owned(unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) } as libc::c_long)
+}
+
+/// fstat: (st_dev, st_ino).
+pub fn fstat_dev_ino(fd: BorrowedFd<'_>) -> Result<(u64, u64), Errno> {
+    // SAFETY: stat is plain old data, written whole by fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a live struct stat.
+    let ret = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) };
+    if ret < 0 {
+        return Err(last_errno());
+    }
+    Ok((st.st_dev, st.st_ino))
 }
 
 /// open("/proc/TID/<name>", O_PATH): the target thread's cwd or root.
