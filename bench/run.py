@@ -84,6 +84,7 @@ OPS = ("n2h", "obh", "mix")
 ALL_OPS = (*OPS, "n2h-path")
 BASE_CONFIGS: dict[str, dict[str, str]] = {
     "fhmon": {},
+    "fhmon-python": {"data_plane": '"python"'},
     "fhmon-nosign": {"signing": "false"},
     "fhmon-nosync": {"sync_wakeup": "false"},
 }

@@ -44,10 +44,10 @@ class Config:
     dispatch_thread: bool = True
     workers: int = 0
     sandbox: bool = False
-    # who answers the calls: "python" (monitor/handlers, the reference) or "native" (the
-    # Rust plane, monitor/dataplane.py), with data_plane_threads threads per target (1: on a
-    # 2-CPU node a second thread let one busy target take both CPUs; test_fairness)
-    data_plane: str = "python"
+    # who answers the calls: "native" (the Rust plane, monitor/dataplane.py) or "python"
+    # (monitor/handlers, the reference it is tested against); data_plane_threads native
+    # threads per target (1: on a 2-CPU node a second let one busy target take both CPUs)
+    data_plane: str = "native"
     data_plane_threads: int = 1
 
     def to_toml(self) -> str:

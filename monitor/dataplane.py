@@ -2,13 +2,13 @@
 
 One interface, two implementations, chosen by the `data_plane` config key:
 
-- `python` (the default): monitor.dispatch_thread.DispatchThread, one thread answering
-  every target through monitor/handlers (the readable reference);
-- `native`: the Rust plane (native/src/plane.rs, monitor._native.Plane): per target,
+- `python`: monitor.dispatch_thread.DispatchThread, one thread answering every target
+  through monitor/handlers (the readable reference);
+- `native` (the default): the Rust plane (native/src/plane.rs, monitor._native.Plane): per target,
   `data_plane_threads` native threads blocked in RECV, none holding the GIL, so that a
   target whose call blocks holds only its own threads. Calls the native code does not
-  handle yet go to the Python reference (Answerer), one at a time per target, before
-  anything reached the target, so answers stay the reference's. Its counters and refusals
+  handle (another uid's call, other syscalls) go to the Python reference (Answerer), one
+  at a time per target, before anything reached the target. Its counters and refusals
   are merged into CallStats and the audit log by run() (the middleware does it for the
   calls the reference answers).
 

@@ -343,7 +343,7 @@ def test_to_toml_default_text() -> None:
         "dispatch_thread = true\n"
         "workers = 0\n"
         "sandbox = false\n"
-        'data_plane = "python"\n'
+        'data_plane = "native"\n'
         "data_plane_threads = 1\n")
 
 
@@ -428,6 +428,7 @@ def test_to_toml_round_trip_control_characters(path: str) -> None:
 ])
 def test_data_plane_is_python_or_native(value: Any, message: str) -> None:
     assert _apply({"data_plane": "native"}).data_plane == "native"
+    assert _apply({"data_plane": "python"}).data_plane == "python"
     with pytest.raises(ConfigError, match=message):
         _apply({"data_plane": value})
 
