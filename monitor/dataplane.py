@@ -19,6 +19,7 @@ once it hung up (returns when no thread answers its calls), set_keys() on reload
 from __future__ import annotations
 
 import errno
+import importlib
 import logging
 import threading
 from collections.abc import Callable
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
     from monitor.signing import KeyRing
 
 _log = logging.getLogger("fhmon.dataplane")
+
+
+class DataPlaneUnavailable(Exception):
+    """The configured data plane cannot run here; the message says what to do."""
 
 
 class DataPlane(Protocol):
@@ -58,7 +63,13 @@ class NativeDataPlane:
 
     def __init__(self, answer: Answerer, stats: CallStats, keys: KeyRing, *, signing: bool,
                  threads_per_target: int) -> None:
-        from monitor import _native
+        try:
+            _native = importlib.import_module("monitor._native")
+        except ImportError as exc:
+            raise DataPlaneUnavailable(
+                f'data_plane = "native" needs the Rust extension monitor._native, which does '
+                f'not load ({exc}): reinstall fhmon with `pip install .` (it needs cargo) or '
+                f'set data_plane = "python"') from None
         from monitor.handlers.name_to_handle_at import ACCEPTED_FLAGS
 
         self._answer = answer
@@ -67,7 +78,13 @@ class NativeDataPlane:
         self._lock = threading.Lock()
         self._plane = _native.Plane(ACCEPTED_FLAGS, signing, threads_per_target,
                                     list(LATENCY_BUCKETS), self._fallback, self._hung_up)
-        self._plane.set_keys(keys.native())
+        try:
+            self._plane.set_keys(keys.native())
+        except ValueError as exc:  # mlock refused (RLIMIT_MEMLOCK)
+            raise DataPlaneUnavailable(
+                f"the native data plane cannot lock its key memory ({exc}): raise the "
+                f"memlock limit (ulimit -l, LimitMEMLOCK=) or set data_plane = \"python\""
+            ) from None
 
     def add(self, target: Target, hung_up: Callable[[], None]) -> None:
         share = target.share
@@ -154,4 +171,5 @@ def make_data_plane(config: Config, answer: Answerer, stats: CallStats,
     return PythonDataPlane(answer)
 
 
-__all__ = ["DataPlane", "NativeDataPlane", "PythonDataPlane", "make_data_plane"]
+__all__ = ["DataPlane", "DataPlaneUnavailable", "NativeDataPlane", "PythonDataPlane",
+           "make_data_plane"]
