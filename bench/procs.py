@@ -1,6 +1,7 @@
 """The processes a benchmark drives: fhmon services and long-lived target processes.
 
-A Monitor is one `fhmon serve` with its own socket, keys and config. A TargetProc is one
+A Monitor is one `fhmon serve` with its own socket, keys and config (a ReferenceMonitor is
+bench/refmon, the minimal monitor to compare fhmon against). A TargetProc is one
 bench/target.py, either under `fhmon launch` (uid 65534) or directly as root (the kernel
 baseline); it stays alive across runs and is told what to do over stdin. `run_once` arms
 every target of a run, samples fhmon's CPU, releases them together and merges what they
@@ -14,6 +15,7 @@ import json
 import math
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,6 +171,48 @@ class Monitor:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+REFMON = Path(__file__).resolve().parent / "refmon"
+
+
+def build_refmon() -> Path | None:
+    """Build bench/refmon (release, exactly the locked crates): its binary, or None (with
+    the reason on stderr) when cargo is missing or the build fails."""
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    if not os.path.exists(cargo):
+        print("bench: no cargo: the reference monitor (bench/refmon) is left out",
+              file=sys.stderr)
+        return None
+    built = subprocess.run([cargo, "build", "--quiet", "--release", "--locked"], cwd=REFMON,
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        print(f"bench: bench/refmon does not build, left out:\n{built.stderr}",
+              file=sys.stderr)
+        return None
+    return REFMON / "target" / "release" / "refmon"
+
+
+class ReferenceMonitor(Monitor):
+    """bench/refmon: the minimal monitor (RECV, the kernel's call, HMAC, SEND or
+    ADDFD|SEND, no confinement), registered with by `fhmon launch` like fhmon."""
+
+    def __init__(self, base: Path, name: str, binary: Path, share: Path,
+                 threads: int = 2) -> None:
+        self.name = name
+        self.dir = base / f"mon-{name}"
+        self.dir.mkdir(mode=0o755)
+        self.socket = str(self.dir / "s.sock")
+        self.log_path = self.dir / "log"
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([str(binary), "--socket", self.socket, "--share",
+                                      str(share), "--threads", str(threads)],
+                                     stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"refmon did not start: {self.log_path.read_text()}")
+            time.sleep(0.02)
 
 
 class TargetProc:

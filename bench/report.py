@@ -133,17 +133,20 @@ def verdicts(report: dict[str, Any]) -> list[dict[str, Any]]:
 def results_table(report: dict[str, Any]) -> list[str]:
     res = report["results"]
     kernel = {cell_key(r): r for r in res if r["config"] == "kernel"}
+    ref = {cell_key(r): r for r in res if r["config"] == "refmon"}
     lines = ["| op | threads | targets | pinning | config | p50 us | p99 us | p99/p50 | calls/s "
-             "| fhmon CPU us/call | p50 / kernel | others' CPUs |",
-             "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| fhmon CPU us/call | p50 / kernel | p50 / refmon | others' CPUs |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res:
         k = kernel.get(cell_key(r))
         ratio = fmt(r["p50_us"] / k["p50_us"]) if k else "-"
+        m = ref.get(cell_key(r))
+        ref_ratio = fmt(r["p50_us"] / m["p50_us"], 2) if m else "-"
         lines.append(f"| {r['op']} | {r['threads']} | {r['targets']} | "
                      f"{'pinned' if r['pinned'] else 'unpinned'} | {r['config']} | "
                      f"{fmt(r['p50_us'])} | {fmt(r['p99_us'])} | "
                      f"{fmt(r['p99_us'] / r['p50_us'])} | {fmt(r['calls_per_s'], 0)} | "
-                     f"{fmt(r['cpu_us_per_call'])} | {ratio} | "
+                     f"{fmt(r['cpu_us_per_call'])} | {ratio} | {ref_ratio} | "
                      f"{fmt(r.get('other_cpus'), 2)} |")
     return lines
 
@@ -151,15 +154,19 @@ def results_table(report: dict[str, Any]) -> list[str]:
 def print_table(report: dict[str, Any]) -> None:
     res = report["results"]
     kernel = {cell_key(r): r for r in res if r["config"] == "kernel"}
+    ref = {cell_key(r): r for r in res if r["config"] == "refmon"}
     print(f"{'op':<9}{'thr':>4}{'tgt':>4} {'pin':<9}{'config':<19}{'p50 us':>9}{'p99 us':>9}"
-          f"{'calls/s':>10}{'cpu us':>8}{'p50/kern':>10}{'others':>8}")
+          f"{'calls/s':>10}{'cpu us':>8}{'p50/kern':>10}{'p50/ref':>9}{'others':>8}")
     for r in res:
         k = kernel.get(cell_key(r))
         ratio = f"{r['p50_us'] / k['p50_us']:.1f}" if k else "-"
+        m = ref.get(cell_key(r))
+        ref_ratio = f"{r['p50_us'] / m['p50_us']:.2f}" if m else "-"
         print(f"{r['op']:<9}{r['threads']:>4}{r['targets']:>4} "
               f"{'pinned' if r['pinned'] else 'unpinned':<9}{r['config']:<19}"
               f"{r['p50_us']:>9.1f}{r['p99_us']:>9.1f}{r['calls_per_s']:>10.0f}"
-              f"{fmt(r['cpu_us_per_call']):>8}{ratio:>10}{fmt(r.get('other_cpus'), 2):>8}")
+              f"{fmt(r['cpu_us_per_call']):>8}{ratio:>10}{ref_ratio:>9}"
+              f"{fmt(r.get('other_cpus'), 2):>8}")
     sig = report.get("signing")
     if sig:
         print(f"signing alone: sign {sig['sign_us']:.2f} us/handle, verify "

@@ -13,6 +13,8 @@ the target's threads on CPU 0, like `taskset -c 0` on both; unpinned: every CPU.
 runs once per configuration:
 
   kernel        the syscalls called directly by root (the floor)
+  refmon        bench/refmon, a minimal Rust monitor (RECV, the kernel's call, HMAC, SEND or
+                ADDFD|SEND; no confinement): what fhmon is compared against
   fhmon         through fhmon, signing on, SYNC_WAKE_UP on (the defaults)
   fhmon-nosign  signing = false
   fhmon-nosync  sync_wakeup = false
@@ -69,6 +71,8 @@ from bench.procs import (
     BenchError,
     Monitor,
     Pool,
+    ReferenceMonitor,
+    build_refmon,
     loadavg,
     print_config_keys,
     run_once,
@@ -80,9 +84,11 @@ OPS = ("n2h", "obh", "mix")
 ALL_OPS = (*OPS, "n2h-path")
 BASE_CONFIGS: dict[str, dict[str, str]] = {
     "fhmon": {},
+    "fhmon-python": {"data_plane": '"python"'},
     "fhmon-nosign": {"signing": "false"},
     "fhmon-nosync": {"sync_wakeup": "false"},
 }
+REFMON = "refmon"  # bench/refmon: the minimal monitor, fhmon's reference
 LIVE_TARGETS = 64  # above this many target processes at once, run configurations in turn
 
 
@@ -95,7 +101,7 @@ class Cell:
     signed_only: bool = False  # only the kernel and the configurations that sign
 
     def wants(self, config: str, variants: dict[str, dict[str, str]]) -> bool:
-        if not self.signed_only or config == "kernel":
+        if not self.signed_only or config in ("kernel", REFMON):
             return True
         return variants.get(config, {}).get("signing", "true") == "true" and \
             variants.get(config, {}).get("sync_wakeup", "true") == "true"
@@ -501,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [k for k in settings if k not in keys]
         if unknown and name in dict(parse_variant(v) for v in args.variant):
             raise SystemExit(f"--variant {name}: fhmon has no config key {unknown}")
-    configs = ["kernel", *variants]
+    configs = ["kernel", REFMON, *variants]
     if args.configs:
         wanted = args.configs.split(",")
         configs = [c for c in configs if c in wanted]
@@ -521,8 +527,13 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         if not args.no_matrix:
+            refmon = build_refmon() if REFMON in configs else None
+            if refmon is None and REFMON in configs:
+                configs.remove(REFMON)
             for name in configs:
-                if name != "kernel":
+                if name == REFMON and refmon is not None:
+                    monitors[name] = ReferenceMonitor(base, name, refmon, base / "share")
+                elif name != "kernel":
                     monitors[name] = Monitor(base, name, variants[name], base / "share")
             report["results"] = run_matrix(base, cells, configs, variants, monitors, args)
             report["signing"] = levers_mod.signing_costs(2000 if args.quick else 20000)

@@ -46,6 +46,11 @@ class Config:
     dispatch_thread: bool = True
     workers: int = 0
     sandbox: bool = False
+    # who answers the calls: "native" (the Rust plane, monitor/dataplane.py) or "python"
+    # (monitor/handlers, the reference it is tested against); data_plane_threads native
+    # threads per target (1: on a 2-CPU node a second let one busy target take both CPUs)
+    data_plane: str = "native"
+    data_plane_threads: int = 1
 
     def to_toml(self) -> str:
         lines = []
@@ -193,6 +198,18 @@ def _validate(key: str, value: Any) -> Any:
             if not 0 <= number <= 64:
                 raise ConfigError("config key 'workers': must be in [0, 64] (0: fhmon serve "
                                   "answers the calls itself)")
+            return number
+        case "data_plane":
+            plane = _expect(key, value, str)
+            if plane not in ("python", "native"):
+                raise ConfigError(f"config key 'data_plane': {plane!r} is not 'python' or "
+                                  f"'native'")
+            return plane
+        case "data_plane_threads":
+            number = _expect(key, value, int)
+            if not 1 <= number <= 64:
+                raise ConfigError("config key 'data_plane_threads': must be in [1, 64] "
+                                  "(threads per target)")
             return number
         case "max_connections" | "max_connections_per_uid" | "max_targets":
             number = _expect(key, value, int)

@@ -38,6 +38,7 @@ ALLOWED = (
     "exit_group", "restart_syscall",
     # memory and process bookkeeping
     "mmap", "munmap", "mprotect", "mremap", "madvise", "brk", "getrandom", "prlimit64",
+    "mlock", "munlock",  # the native plane's key pages
     "getrlimit", "getrusage", "times", "sysinfo", "uname", "prctl", "arch_prctl", "umask",
     "getuid", "geteuid", "getgid", "getegid", "getgroups", "getresuid", "getresgid",
     "getcwd",

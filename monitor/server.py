@@ -32,7 +32,7 @@ from monitor.calls import Answerer, PeerCred, Target
 from monitor.check import socket_dir_problem
 from monitor.config import Config
 from monitor.credentials import acting_as
-from monitor.dispatch_thread import DispatchThread
+from monitor.dataplane import DataPlane, make_data_plane
 from monitor.handlers.registry import Dispatcher
 from monitor.hardening import lock_down
 from monitor.linux import kcmp_same_file
@@ -107,7 +107,7 @@ class Service:
         self.activated = False  # the socket came from systemd: leave it in place
         self.accepting = False  # the intake's accept loop runs (/readyz)
         self.created_socket_dir: str | None = None
-        self._dispatch: DispatchThread | None = None
+        self._dispatch: DataPlane | None = None
         self._workers: list[WorkerProcess] = []
 
     # --- keys -------------------------------------------------------------------------
@@ -123,6 +123,8 @@ class Service:
         self.key_error = None
         for worker in self._workers:
             worker.reload_keys()  # each loads the directory itself
+        if self._dispatch is not None:
+            self._dispatch.set_keys(ring)  # the native plane keeps its own (locked) copy
         if changed:
             log.event("keys_reloaded", keys=[f"{k:08x}" for k in ring.key_ids],
                       signer=f"{ring.signer:08x}")
@@ -239,7 +241,8 @@ class Service:
                 log.event(event, **fields)
             if (self.config.dispatch_thread and not self.config.recv_thread
                     and not self._workers):
-                self._dispatch = DispatchThread(self._answer)
+                self._dispatch = make_data_plane(self.config, self._answer, self.stats,
+                                                 self.keys)
             async with trio.open_nursery() as nursery:
                 if self._dispatch is not None:
                     nursery.start_soon(self._run_dispatch_thread, self._dispatch)
@@ -700,7 +703,7 @@ class Service:
         return restored
 
     # --- one registered listener --------------------------------------------------------
-    async def _run_dispatch_thread(self, dispatch: DispatchThread) -> None:
+    async def _run_dispatch_thread(self, dispatch: DataPlane) -> None:
         """The dispatch thread's lifetime, owned by the service's nursery: on cancellation
         it is told to stop, and this task ends when the thread has returned."""
         async with trio.open_nursery() as nursery:
@@ -769,7 +772,7 @@ class Service:
         finally:
             self._release(target)
 
-    async def _serve_target_dispatched(self, target: Target, dispatch: DispatchThread) -> None:
+    async def _serve_target_dispatched(self, target: Target, dispatch: DataPlane) -> None:
         """The dispatch thread answers the calls; this task waits for the hang-up."""
         gone = trio.Event()
         token = trio.lowlevel.current_trio_token()

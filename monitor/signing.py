@@ -26,7 +26,7 @@ import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives import hmac as crypto_hmac
@@ -69,6 +69,8 @@ class KeyRing:
         if signer not in keys:
             raise KeyDirError(f"signing key {signer:08x} is not among the keys")
         self._macs = {kid: self._keyed(key) for kid, key in keys.items()}
+        self._native: Any = None  # the same keys in the native plane's locked memory
+        self._native_keys = dict(keys)
         # key id (4 bytes, as in a handle) -> share id -> keyed state with the prefix absorbed
         self._states: dict[bytes, dict[bytes, crypto_hmac.HMAC]] = {
             kid.to_bytes(_KEY_ID_SIZE, "big"): {} for kid in keys}
@@ -79,6 +81,16 @@ class KeyRing:
     @staticmethod
     def _keyed(key: bytes) -> crypto_hmac.HMAC:
         return crypto_hmac.HMAC(key, hashes.SHA256())
+
+    def native(self) -> Any:
+        """This ring as a monitor._native.KeyRing (built once, on first use: only the
+        native data plane needs it); the Python copy of the key bytes is dropped then."""
+        if self._native is None:
+            from monitor import _native
+
+            self._native = _native.KeyRing(self._native_keys, self.signer)
+            self._native_keys = {}
+        return self._native
 
     @property
     def key_ids(self) -> tuple[int, ...]:

@@ -11,7 +11,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for pkg in python3 python3-venv python3-pip libseccomp2 ca-certificates "$@"; do
+# python3-dev: the Python headers, for building the Rust extension (monitor._native)
+for pkg in python3 python3-venv python3-pip python3-dev libseccomp2 ca-certificates "$@"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
@@ -26,12 +27,39 @@ PY=/usr/bin/python3
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || {
     echo "setup.sh: fhmon needs Python >= 3.11; $PY is $($PY --version)" >&2; exit 1; }
 
+# The data plane (native/) is a Rust extension built by maturin during `pip install`: it
+# needs cargo and rustc new enough for the crate's edition (Debian 12's own cargo is too old).
+RUST_MIN=1.85
+if [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
+    PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null || ! command -v rustc >/dev/null; then
+    echo "setup.sh: cargo and rustc >= $RUST_MIN are missing; fhmon's data plane (native/) is" \
+         "Rust. Install them with rustup (https://rustup.rs: 'curl -sSf https://sh.rustup.rs | sh')" \
+         "and run setup.sh again." >&2
+    exit 1
+fi
+rust_version=$(rustc --version | awk '{print $2}')
+if [ "$(printf '%s\n%s\n' "$RUST_MIN" "${rust_version%%-*}" | sort -V | head -1)" != "$RUST_MIN" ]; then
+    echo "setup.sh: rustc $rust_version is too old for native/ (needs >= $RUST_MIN);" \
+         "run 'rustup update stable'." >&2
+    exit 1
+fi
+if ! "$PY" -c 'import sysconfig, os, sys; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)'; then
+    echo "setup.sh: the Python headers (Python.h) are missing: apt-get install python3-dev" >&2
+    exit 1
+fi
+
 if [ ! -x .venv/bin/python ]; then
     echo "setup.sh: creating .venv"
     "$PY" -m venv .venv
 fi
 stamp=.venv/.fhmon-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# Rebuild when the build recipe or the crate changed (an editable install does not rebuild
+# Rust by itself).
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
+        || [ -n "$(find native/src native/Cargo.toml native/Cargo.lock -newer "$stamp" 2>/dev/null | head -1)" ] \
+        || ! .venv/bin/python -c 'import monitor._native' 2>/dev/null; then
     echo "setup.sh: installing fhmon and its test tools into .venv"
     .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
     .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'

@@ -9,5 +9,6 @@ if [ -x tests/e2e/env/prepare.sh ] || [ -f tests/e2e/env/prepare.sh ]; then
     bash tests/e2e/env/prepare.sh
 fi
 .venv/bin/ruff check monitor protocol tests bench
+bash scripts/rust_checks.sh
 .venv/bin/mypy monitor protocol
 exec .venv/bin/python -m pytest -p no:cacheprovider "${@:-tests}"

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = ("kernel", "fhmon", "fhmon-nosign", "fhmon-nosync")
+CONFIGS = ("kernel", "refmon", "fhmon", "fhmon-nosign", "fhmon-nosync")
 
 
 def test_bench_quick(tmp_path: Path) -> None:

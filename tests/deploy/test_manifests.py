@@ -1082,8 +1082,17 @@ def test_containerfile(daemonset: dict[str, Any]) -> None:
     instructions = containerfile_instructions(CONTAINERFILE.read_text())
     assert instructions[0][0] == "FROM"
     froms = [rest.split()[0] for op, rest in instructions if op == "FROM"]
-    allowed = r"(python:3\.1[1-9]-slim-bookworm|debian:bookworm-slim)(@sha256:[0-9a-f]{64})?"
-    assert froms and all(re.fullmatch(allowed, f) for f in froms)
+    digest = r"@sha256:[0-9a-f]{64}"
+    allowed = rf"(python:3\.1[1-9]-slim-bookworm|debian:bookworm-slim){digest}"
+    # the build stage may start from the Rust image (the data plane is a Rust extension) ...
+    assert froms and all(re.fullmatch(allowed, f)
+                         or re.fullmatch(rf"rust:1\.\d+-slim-bookworm{digest}", f)
+                         for f in froms[:-1])
+    assert re.fullmatch(allowed, froms[-1])
+    # ... but the image that ships carries no toolchain: it only installs the built wheels
+    last = max(i for i, (op, _) in enumerate(instructions) if op == "FROM")
+    shipped = " ; ".join(rest for _, rest in instructions[last:])
+    assert not re.search(r"\b(cargo|rustc|rustup|maturin|gcc)\b", shipped), shipped
     ops = dict(instructions)  # last one of each wins, as in the image
     assert json.loads(ops["ENTRYPOINT"]) == ["fhmon"]
     cmd = json.loads(ops["CMD"])
@@ -1572,6 +1581,17 @@ def test_systemd_checks_catch_a_broken_copy() -> None:
                                                "check --key-dir /etc/other"), sock)
 
 
+def rust_build_env() -> dict[str, str]:
+    """What a build of fhmon needs of the caller's environment: cargo's directory on PATH
+    and rustup's homes (a test that sets HOME elsewhere would hide the toolchain)."""
+    cargo = shutil.which("cargo")  # the data plane's build needs the Rust toolchain (docs)
+    assert cargo is not None, "building fhmon needs cargo on PATH (scripts/setup.sh checks)"
+    home = Path.home()
+    return {"CARGO_DIR": str(Path(cargo).parent),
+            "RUSTUP_HOME": os.environ.get("RUSTUP_HOME", str(home / ".rustup")),
+            "CARGO_HOME": os.environ.get("CARGO_HOME", str(home / ".cargo"))}
+
+
 def test_documented_systemd_install_runs(tmp_path: Path) -> None:
     """docs/deploy.md's install block, run for real up to keygen with the system Python
     (a venv, pip from PyPI), paths moved under tmp_path; then systemd-analyze verifies the
@@ -1597,8 +1617,9 @@ def test_documented_systemd_install_runs(tmp_path: Path) -> None:
         lines.append(command)
     (root / "usr" / "local" / "bin").mkdir(parents=True)
     script = "set -euo pipefail\n" + "\n".join(lines) + "\n"
-    env = {"PATH": f"{root}/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path),
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    rust = rust_build_env()
+    env = {"PATH": f"{root}/usr/local/bin:{rust.pop('CARGO_DIR')}:/usr/bin:/bin",
+           "HOME": str(tmp_path), "PIP_DISABLE_PIP_VERSION_CHECK": "1", **rust}
     res = subprocess.run(["bash", "-c", script], cwd=source, env=env, capture_output=True,
                          text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -1693,19 +1714,24 @@ def test_image_install_steps_run(tmp_path: Path) -> None:
     if not os.path.exists(system_python):
         pytest.skip("no system python3")
     instructions = containerfile_instructions(CONTAINERFILE.read_text())
-    runs = [rest for op, rest in instructions if op == "RUN" and re.search(r"\bpip\b", rest)]
-    assert len(runs) == 2, runs  # the build stage's, then the runtime stage's
+    runs = [rest for op, rest in instructions
+            if op == "RUN" and re.search(r"\bpip (wheel|install --no-cache-dir --no-index)", rest)]
+    assert len(runs) == 2, runs  # the build stage's wheels, then the runtime stage's install
+    build_env = {rest.split("=", 1)[0]: rest.split("=", 1)[1].strip('"')
+                 for op, rest in instructions if op == "ENV" and "=" in rest}
     source = tmp_path / "src"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis",
         "target", "results"))
     wheels = tmp_path / "wheels"
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    rust = rust_build_env()
+    env = {"PATH": f"{rust.pop('CARGO_DIR')}:/usr/bin:/bin", "HOME": str(tmp_path),
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1", **rust, **build_env}
     for stage, run in zip(("build", "runtime"), runs, strict=True):
         venv = tmp_path / stage
         subprocess.run([system_python, "-m", "venv", str(venv)], check=True)
         script = run.replace("/wheels", str(wheels))
-        script = re.sub(r"(^|&&\s*)pip ", rf"\1{venv}/bin/pip ", script)
+        script = re.sub(r"(^|&&\s*)(/opt/build/bin/)?pip ", rf"\1{venv}/bin/pip ", script)
         res = subprocess.run(["sh", "-ec", script], cwd=source, env=env, capture_output=True,
                              text=True, timeout=900)
         assert res.returncode == 0, f"{stage}: {script}\n{res.stdout[-2000:]}{res.stderr[-3000:]}"

@@ -16,9 +16,9 @@ from monitor.config import Config, ConfigError, apply, finish
 
 FAST = settings(max_examples=200, deadline=None)
 
-ALL_KEYS = ["allow", "dispatch_thread", "drop_capabilities", "keeper_socket", "key_dir",
-            "log_level", "max_connections", "max_connections_per_uid", "max_targets",
-            "metrics_address", "recv_thread",
+ALL_KEYS = ["allow", "data_plane", "data_plane_threads", "dispatch_thread",
+            "drop_capabilities", "keeper_socket", "key_dir", "log_level", "max_connections",
+            "max_connections_per_uid", "max_targets", "metrics_address", "recv_thread",
             "registration_timeout", "sandbox", "signing", "socket", "socket_group",
             "socket_mode", "socket_owner", "state_dir", "sync_wakeup", "workers"]
 
@@ -351,7 +351,9 @@ def test_to_toml_default_text() -> None:
         "recv_thread = false\n"
         "dispatch_thread = true\n"
         "workers = 0\n"
-        "sandbox = false\n")
+        "sandbox = false\n"
+        'data_plane = "native"\n'
+        "data_plane_threads = 1\n")
 
 
 def test_to_toml_quotes() -> None:
@@ -436,3 +438,21 @@ def test_to_toml_round_trip_control_characters(path: str) -> None:
     c = _good()
     c.allow = [path]
     assert _round_trip(c) == c
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("rust", "'rust' is not 'python' or 'native'"),
+    (1, "expected str, got int 1"),
+])
+def test_data_plane_is_python_or_native(value: Any, message: str) -> None:
+    assert _apply({"data_plane": "native"}).data_plane == "native"
+    assert _apply({"data_plane": "python"}).data_plane == "python"
+    with pytest.raises(ConfigError, match=message):
+        _apply({"data_plane": value})
+
+
+@pytest.mark.parametrize("value", [0, 65, True])
+def test_data_plane_threads_bounded(value: Any) -> None:
+    assert _apply({"data_plane_threads": 4}).data_plane_threads == 4
+    with pytest.raises(ConfigError, match="data_plane_threads"):
+        _apply({"data_plane_threads": value})

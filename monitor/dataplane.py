@@ -1,0 +1,175 @@
+"""The data plane: what receives, checks, performs and answers every trapped call.
+
+One interface, two implementations, chosen by the `data_plane` config key:
+
+- `python`: monitor.dispatch_thread.DispatchThread, one thread answering every target
+  through monitor/handlers (the readable reference);
+- `native` (the default): the Rust plane (native/src/plane.rs, monitor._native.Plane): per target,
+  `data_plane_threads` native threads blocked in RECV, none holding the GIL, so that a
+  target whose call blocks holds only its own threads. Calls the native code does not
+  handle (another uid's call, other syscalls) go to the Python reference (Answerer), one
+  at a time per target, before anything reached the target. Its counters and refusals
+  are merged into CallStats and the audit log by run() (the middleware does it for the
+  calls the reference answers).
+
+The server holds one DataPlane: add(target, hung_up) when a listener registers, remove()
+once it hung up (returns when no thread answers its calls), set_keys() on reload.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from monitor import log
+from monitor.dispatch_thread import DispatchThread
+from monitor.metrics import LATENCY_BUCKETS, CallStats
+from protocol import kernel
+
+if TYPE_CHECKING:
+    from monitor.calls import Answerer, Target
+    from monitor.config import Config
+    from monitor.signing import KeyRing
+
+_log = logging.getLogger("fhmon.dataplane")
+
+
+class DataPlaneUnavailable(Exception):
+    """The configured data plane cannot run here; the message says what to do."""
+
+
+class DataPlane(Protocol):
+    def add(self, target: Target, hung_up: Callable[[], None]) -> None: ...
+    def remove(self, target: Target) -> None: ...
+    def set_keys(self, keys: KeyRing) -> None: ...
+    def run(self) -> None: ...
+    def stop(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class PythonDataPlane(DispatchThread):
+    """Today's path: the dispatch thread (the Answerer reads the current keys per call)."""
+
+    def set_keys(self, keys: KeyRing) -> None:
+        pass
+
+
+class NativeDataPlane:
+    """monitor._native.Plane behind the DataPlane interface."""
+
+    def __init__(self, answer: Answerer, stats: CallStats, keys: KeyRing, *, signing: bool,
+                 threads_per_target: int) -> None:
+        try:
+            _native = importlib.import_module("monitor._native")
+        except ImportError as exc:
+            raise DataPlaneUnavailable(
+                f'data_plane = "native" needs the Rust extension monitor._native, which does '
+                f'not load ({exc}): reinstall fhmon with `pip install .` (it needs cargo) or '
+                f'set data_plane = "python"') from None
+        from monitor.handlers.name_to_handle_at import ACCEPTED_FLAGS
+
+        self._answer = answer
+        self._stats = stats
+        self._targets: dict[int, tuple[Target, Callable[[], None]]] = {}
+        self._lock = threading.Lock()
+        self._plane = _native.Plane(ACCEPTED_FLAGS, signing, threads_per_target,
+                                    list(LATENCY_BUCKETS), self._fallback, self._hung_up)
+        try:
+            self._plane.set_keys(keys.native())
+        except ValueError as exc:  # mlock refused (RLIMIT_MEMLOCK)
+            raise DataPlaneUnavailable(
+                f"the native data plane cannot lock its key memory ({exc}): raise the "
+                f"memlock limit (ulimit -l, LimitMEMLOCK=) or set data_plane = \"python\""
+            ) from None
+
+    def add(self, target: Target, hung_up: Callable[[], None]) -> None:
+        share = target.share
+        with self._lock:
+            self._targets[target.target_id] = (target, hung_up)
+        try:
+            self._plane.add(target.target_id, target.listener.fd, target.peer.uid,
+                            share.share_id, share.dir_fd, share.path_fd, share.mount_id,
+                            share.dev, share.is_mount_root)
+        except BaseException:
+            with self._lock:
+                del self._targets[target.target_id]
+            raise
+
+    def remove(self, target: Target) -> None:
+        self._plane.remove(target.target_id)
+        with self._lock:
+            self._targets.pop(target.target_id, None)
+
+    def set_keys(self, keys: KeyRing) -> None:
+        self._plane.set_keys(keys.native())
+
+    def run(self) -> None:
+        """Until stop(): merge the native counters and refusals as they come."""
+        while not self._plane.stopped:
+            self._plane.wait(0.5)
+            self.flush()
+        self.flush()
+
+    def stop(self) -> None:
+        self._plane.stop()
+
+    def close(self) -> None:
+        self._plane.stop()
+
+    def flush(self) -> None:
+        """The native counts into CallStats, the native refusals into the audit log."""
+        results, seconds, buckets, refusals = self._plane.take_stats()
+        if results:
+            self._stats.merge(
+                {(syscall, _result_name(code)): n for syscall, code, n in results},
+                dict(seconds), dict(refusals), {s: list(c) for s, c in buckets})
+        events, dropped = self._plane.drain_events()
+        for syscall, err, reason, tid, tgid, target_id in events:
+            with self._lock:
+                entry = self._targets.get(target_id)
+            log.audit("call_refused", syscall=syscall, errno=_result_name(err), reason=reason,
+                      tid=tid, tgid=tgid,
+                      share=entry[0].share.host_path if entry else None, target=target_id)
+        if dropped:
+            log.event("audit_dropped", logging.WARNING, refusals=dropped)
+
+    def _fallback(self, target_id: int, raw: bytes) -> None:
+        """On a native thread (with the GIL): the reference answers this call."""
+        with self._lock:
+            entry = self._targets.get(target_id)
+        if entry is None:
+            return
+        try:
+            self._answer(entry[0], kernel.Notification.parse(raw))
+        except Exception:
+            _log.exception("the reference handler failed")
+
+    def _hung_up(self, target_id: int) -> None:
+        with self._lock:
+            entry = self._targets.get(target_id)
+        if entry is not None:
+            entry[1]()
+
+
+def _result_name(code: int) -> str:
+    if code == 0:
+        return "ok"
+    if code < 0:
+        return "gone"
+    return errno.errorcode.get(code, str(code))
+
+
+def make_data_plane(config: Config, answer: Answerer, stats: CallStats,
+                    keys: KeyRing) -> DataPlane:
+    if config.data_plane == "native":
+        return NativeDataPlane(answer, stats, keys, signing=config.signing,
+                               threads_per_target=config.data_plane_threads)
+    return PythonDataPlane(answer)
+
+
+__all__ = ["DataPlane", "DataPlaneUnavailable", "NativeDataPlane", "PythonDataPlane",
+           "make_data_plane"]

@@ -1,0 +1,122 @@
+//! Acting with a target's file-system credentials on the calling thread, as
+//! monitor/credentials.py `acting_as(creds, reopen_only=True)`: per-thread raw syscalls
+//! (setfsuid, setfsgid, setgroups, capset), always switched back (a guard's Drop).
+
+use crate::status::Credentials;
+use crate::sys;
+
+const CAP_KILL: u32 = 5;
+const CAP_SETGID: u32 = 6;
+const CAP_SETUID: u32 = 7;
+const CAP_SYS_PTRACE: u32 = 19;
+/// capabilities that opening a directory or regular file never consults
+const OPEN_NEUTRAL_CAPS: u64 =
+    1 << CAP_KILL | 1 << CAP_SETGID | 1 << CAP_SETUID | 1 << CAP_SYS_PTRACE;
+const PROBE_UID: u32 = 65534;
+
+/// The calling thread's own credentials, measured once per data-plane thread.
+pub struct Baseline {
+    effective: u64,
+    permitted: u64,
+    inheritable: u64,
+    fsuid: u32,
+    fsgid: u32,
+    groups: Vec<u32>,
+    fsuid_drops_caps: bool,
+}
+
+impl Baseline {
+    pub fn measure() -> Result<Baseline, sys::Errno> {
+        let (effective, permitted, inheritable) = sys::capget_thread()?;
+        let (fsuid, fsgid) = sys::euid_egid();
+        let mut buf = [0u32; 1024];
+        let n = sys::getgroups(&mut buf)?;
+        let mut base = Baseline {
+            effective,
+            permitted,
+            inheritable,
+            fsuid,
+            fsgid,
+            groups: buf[..n].to_vec(),
+            fsuid_drops_caps: false,
+        };
+        base.fsuid_drops_caps = base.probe_fsuid_drops_caps()?;
+        Ok(base)
+    }
+
+    /// Whether leaving fsuid 0 alone drops every capability an open could consult
+    /// (credentials._Baseline._fsuid_drops_caps), measured on this thread.
+    fn probe_fsuid_drops_caps(&self) -> Result<bool, sys::Errno> {
+        if self.fsuid != 0 || self.effective != self.permitted {
+            return Ok(false);
+        }
+        sys::setfsuid(PROBE_UID);
+        let during = sys::capget_thread();
+        sys::setfsuid(0);
+        let after = sys::capget_thread()?.0;
+        Ok(during?.0 & !OPEN_NEUTRAL_CAPS == 0 && after == self.effective)
+    }
+}
+
+/// In force from new() to drop: the thread acts as `creds` for a reopen of an object
+/// fhmon holds (no path walk of the target's).
+pub struct ActingAs<'a> {
+    base: &'a Baseline,
+    creds: &'a Credentials,
+    fsuid_only: bool,
+}
+
+impl<'a> ActingAs<'a> {
+    /// For a path walk of the target's (acting_as(creds)): the whole switch.
+    pub fn full(base: &'a Baseline, creds: &'a Credentials) -> Result<Self, sys::Errno> {
+        Self::switch(base, creds, false)
+    }
+
+    pub fn reopen_only(base: &'a Baseline, creds: &'a Credentials) -> Result<Self, sys::Errno> {
+        let fsuid_only = base.fsuid_drops_caps && creds.cap_effective == 0 && creds.fsuid != 0;
+        Self::switch(base, creds, fsuid_only)
+    }
+
+    fn switch(
+        base: &'a Baseline,
+        creds: &'a Credentials,
+        fsuid_only: bool,
+    ) -> Result<Self, sys::Errno> {
+        let guard = ActingAs {
+            base,
+            creds,
+            fsuid_only,
+        };
+        // on an error the guard's drop switches back whatever was switched
+        if creds.groups != base.groups {
+            sys::setgroups_thread(&creds.groups)?;
+        }
+        sys::setfsgid(creds.fsgid);
+        sys::setfsuid(creds.fsuid);
+        if !fsuid_only {
+            sys::capset_thread(
+                creds.cap_effective & base.permitted,
+                base.permitted,
+                base.inheritable,
+            )?;
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for ActingAs<'_> {
+    fn drop(&mut self) {
+        let base = self.base;
+        if !self.fsuid_only {
+            let _ = sys::capset_thread(base.permitted, base.permitted, base.inheritable);
+        }
+        sys::setfsuid(base.fsuid); // back to 0: the kernel raises the fs caps again
+        sys::setfsgid(base.fsgid);
+        if self.creds.groups != base.groups {
+            let _ = sys::setgroups_thread(&base.groups);
+        }
+        if !self.fsuid_only && base.effective != base.permitted {
+            let _ = sys::capset_thread(base.effective, base.permitted, base.inheritable);
+        }
+    }
+}

@@ -1,0 +1,1095 @@
+//! The native data plane: per target, a few threads blocked in RECV answer its calls.
+//!
+//! Isolation by construction: a target's calls are answered only by its own threads
+//! (`threads_per_target`), so a call that blocks or crawls holds that target's threads and
+//! nobody else's. No thread holds the GIL while it receives or answers; a call the native
+//! code does not handle yet is passed to the Python reference (`Fallback`), serialised per
+//! target, before anything has reached the target: answers stay identical.
+//!
+//! Ported errno for errno: monitor/handlers/name_to_handle_at.py and open_by_handle_at.py,
+//! and Answerer's uid check. What still goes to the fallback: another uid's call (the
+//! reference answers EPERM and audits it), other syscalls or architectures (ENOSYS), and
+//! the rare cases noted where they arise (a kernel without PIDFD_THREAD).
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::abi::{self, Notification};
+use crate::creds::{ActingAs, Baseline};
+use crate::handle::{self, MAX_HANDLE_SZ, MAX_KERNEL_HANDLE_SIZE};
+use crate::mac::{KeyRing, ShareId};
+use crate::policy::{self, PATH_MAX, Paths, ShareFacts};
+use crate::status::Status;
+use crate::sys::{self, Errno};
+
+pub const SYSCALLS: [&str; 2] = ["name_to_handle_at", "open_by_handle_at"];
+/// errno values 1..=MAX_ERRNO get a counter each; index 0 counts "ok", GONE "gone".
+pub const MAX_ERRNO: usize = 133;
+pub const GONE: usize = MAX_ERRNO + 1;
+const RESULTS: usize = MAX_ERRNO + 2;
+pub const BUCKETS: usize = 16;
+const MAX_EVENTS: usize = 4096;
+const PIDFD_CACHE: usize = 1024;
+/// errnos whose refusal with a reason is audited (monitor/metrics.py _POLICY_ERRNOS)
+const POLICY_ERRNOS: [i32; 5] = [
+    libc::EACCES,
+    libc::ESTALE,
+    libc::EOPNOTSUPP,
+    libc::ENOSYS,
+    libc::ELOOP,
+];
+
+/// A call the Python reference answers instead (target id, the raw notification).
+pub type Fallback = dyn Fn(u64, &[u8; abi::SECCOMP_NOTIF_SIZE]) + Send + Sync;
+/// Told (once) that a target's filter has no task left.
+pub type HangUp = dyn Fn(u64) + Send + Sync;
+
+pub struct Config {
+    pub accepted_flags: i32,
+    pub signing: bool,
+    pub threads_per_target: usize,
+    /// latency bucket upper bounds, seconds (monitor/metrics.py LATENCY_BUCKETS)
+    pub buckets: [f64; BUCKETS],
+}
+
+pub struct Share {
+    pub share_id: ShareId,
+    pub dev: u64,
+    pub dir_fd: OwnedFd,
+    pub path_fd: OwnedFd,
+    pub facts: ShareFacts,
+}
+
+/// A refusal for the audit log, as monitor/metrics.py audit_middleware writes it.
+#[derive(Clone, Debug)]
+pub struct Refused {
+    pub syscall: usize,
+    pub errno: i32,
+    pub reason: &'static str,
+    pub tid: u32,
+    pub tgid: Option<u32>,
+    pub target_id: u64,
+}
+
+#[derive(Clone)]
+pub struct Stats {
+    pub results: [[u64; RESULTS]; 2],
+    pub seconds: [f64; 2],
+    pub buckets: [[u64; BUCKETS + 1]; 2],
+    pub refusals: Vec<(&'static str, u64)>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            results: [[0; RESULTS]; 2],
+            seconds: [0.0; 2],
+            buckets: [[0; BUCKETS + 1]; 2],
+            refusals: Vec::new(),
+        }
+    }
+}
+
+struct Target {
+    id: u64,
+    listener: OwnedFd,
+    share: Share,
+    peer_uid: u32,
+    stopping: AtomicBool,
+    hung_up: AtomicBool,
+    threads: Mutex<Vec<ThreadEntry>>,
+    fallback_lock: Mutex<()>,
+}
+
+/// A thread of the target seen before: its pidfd (which names that thread for as long as
+/// it lives: a live pidfd's TID is the notifying thread's) and its real uid once its
+/// credentials are known to be frozen (monitor/target.py ThreadCache).
+struct ThreadEntry {
+    tid: u32,
+    pidfd: OwnedFd,
+    frozen: Option<Arc<Status>>,
+}
+
+struct Running {
+    target: Arc<Target>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+struct Events {
+    queue: VecDeque<Refused>,
+    dropped: u64,
+}
+
+pub struct Plane {
+    config: Config,
+    keys: RwLock<Option<Arc<KeyRing>>>,
+    targets: Mutex<Vec<Running>>,
+    stats: Mutex<Stats>,
+    events: Mutex<Events>,
+    wakeup: Condvar,
+    stopped: AtomicBool,
+    fallback: Box<Fallback>,
+    hang_up: Box<HangUp>,
+    watcher: Mutex<Option<JoinHandle<()>>>,
+    /// fhmon's own root: (st_dev, st_ino, unique mount id)
+    our_root: Option<(u64, u64, u64)>,
+}
+
+enum Outcome {
+    Return(i64),
+    /// answered by ADDFD|SEND
+    Injected,
+    Error(i32, Option<&'static str>),
+    Gone,
+    Defer,
+}
+
+fn err(errno: i32) -> Outcome {
+    Outcome::Error(errno, None)
+}
+
+impl Plane {
+    pub fn new(config: Config, fallback: Box<Fallback>, hang_up: Box<HangUp>) -> Arc<Plane> {
+        let _ = sys::install_wake_handler();
+        let plane = Arc::new(Plane {
+            config,
+            keys: RwLock::new(None),
+            targets: Mutex::new(Vec::new()),
+            stats: Mutex::new(Stats::default()),
+            events: Mutex::new(Events {
+                queue: VecDeque::with_capacity(64),
+                dropped: 0,
+            }),
+            wakeup: Condvar::new(),
+            stopped: AtomicBool::new(false),
+            fallback,
+            hang_up,
+            watcher: Mutex::new(None),
+            our_root: sys::open_path(c"/").ok().and_then(|fd| {
+                let (dev, ino) = sys::fstat_dev_ino(fd.as_fd()).ok()?;
+                let (_, mnt) = sys::statx_mode_mount(fd.as_fd()).ok()?;
+                Some((dev, ino, mnt))
+            }),
+        });
+        let weak = Arc::downgrade(&plane);
+        let watcher = std::thread::Builder::new()
+            .name("fhmon-hangups".into())
+            .spawn(move || watch_hangups(weak));
+        if let Ok(handle) = watcher {
+            *lock(&plane.watcher) = Some(handle);
+        }
+        plane
+    }
+
+    pub fn set_keys(&self, ring: Arc<KeyRing>) {
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Some(ring);
+    }
+
+    fn keys(&self) -> Option<Arc<KeyRing>> {
+        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Serve a target's listener (the plane owns the fds passed in).
+    pub fn add(
+        self: &Arc<Self>,
+        id: u64,
+        listener: OwnedFd,
+        share: Share,
+        peer_uid: u32,
+    ) -> Result<(), Errno> {
+        let target = Arc::new(Target {
+            id,
+            listener,
+            share,
+            peer_uid,
+            stopping: AtomicBool::new(false),
+            hung_up: AtomicBool::new(false),
+            threads: Mutex::new(Vec::with_capacity(16)),
+            fallback_lock: Mutex::new(()),
+        });
+        let mut threads = Vec::new();
+        for k in 0..self.config.threads_per_target.max(1) {
+            let plane = Arc::clone(self);
+            let t = Arc::clone(&target);
+            let spawned = std::thread::Builder::new()
+                .name(format!("fhmon-t{id}-{k}"))
+                .spawn(move || plane.serve(&t));
+            match spawned {
+                Ok(handle) => threads.push(handle),
+                Err(e) => {
+                    stop_threads(&target, threads);
+                    return Err(e.raw_os_error().unwrap_or(libc::EAGAIN));
+                }
+            }
+        }
+        lock(&self.targets).push(Running { target, threads });
+        Ok(())
+    }
+
+    /// Stop serving a target; returns once none of its threads is answering a call, with
+    /// the plane's copies of its fds closed.
+    pub fn remove(&self, id: u64) {
+        let running = {
+            let mut targets = lock(&self.targets);
+            let Some(i) = targets.iter().position(|r| r.target.id == id) else {
+                return;
+            };
+            targets.swap_remove(i)
+        };
+        stop_threads(&running.target, running.threads);
+    }
+
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        let all: Vec<Running> = std::mem::take(&mut *lock(&self.targets));
+        for running in all {
+            stop_threads(&running.target, running.threads);
+        }
+        self.wakeup.notify_all();
+        if let Some(watcher) = lock(&self.watcher).take() {
+            let _ = watcher.join();
+        }
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Wait until refusals are queued, the plane stops, or the timeout passes.
+    pub fn wait(&self, timeout: Duration) {
+        let events = lock(&self.events);
+        if events.queue.is_empty() && !self.is_stopped() {
+            let _ = self.wakeup.wait_timeout(events, timeout);
+        }
+    }
+
+    /// The counts made since the last take, zeroed.
+    pub fn take_stats(&self) -> Stats {
+        std::mem::take(&mut *lock(&self.stats))
+    }
+
+    pub fn drain_events(&self) -> (Vec<Refused>, u64) {
+        let mut events = lock(&self.events);
+        let dropped = std::mem::take(&mut events.dropped);
+        (events.queue.drain(..).collect(), dropped)
+    }
+
+    fn serve(&self, target: &Target) {
+        sys::block_signals_but_wake();
+        let base = Baseline::measure().ok();
+        let mut raw = [0u8; abi::SECCOMP_NOTIF_SIZE];
+        while !target.stopping.load(Ordering::SeqCst) {
+            match sys::notif_recv(target.listener.as_fd(), &mut raw) {
+                Ok(()) => {}
+                Err(libc::EINTR) | Err(libc::ENOENT) => continue,
+                Err(_) => {
+                    // a listener RECV refuses for good: wait to be stopped
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            }
+            let start = Instant::now();
+            let notif = Notification::parse(&raw);
+            let syscall = match (notif.arch, notif.nr) {
+                (abi::AUDIT_ARCH_X86_64, abi::SYS_NAME_TO_HANDLE_AT) => Some(0),
+                (abi::AUDIT_ARCH_X86_64, abi::SYS_OPEN_BY_HANDLE_AT) if base.is_some() => Some(1),
+                _ => None,
+            };
+            let mut status = None;
+            let outcome = match syscall {
+                Some(which) => match self.owned_by_peer(target, &notif, &mut status) {
+                    Ok(true) if which == 0 => {
+                        self.name_to_handle_at(target, &notif, base.as_ref(), &mut status)
+                    }
+                    Ok(true) => match &base {
+                        Some(base) => self.open_by_handle_at(target, &notif, base, &mut status),
+                        None => Outcome::Defer,
+                    },
+                    Ok(false) => Outcome::Defer, // the reference refuses it (EPERM + audit)
+                    Err(outcome) => outcome,
+                },
+                None => Outcome::Defer,
+            };
+            let syscall = syscall.unwrap_or(0);
+            let result = match outcome {
+                Outcome::Defer => {
+                    let _serial = lock(&target.fallback_lock);
+                    (self.fallback)(target.id, &raw);
+                    continue; // the Python reference counts its own calls
+                }
+                Outcome::Gone => GONE,
+                Outcome::Injected => 0,
+                Outcome::Return(val) => {
+                    let resp = abi::encode_response(notif.id, val, 0);
+                    let _ = sys::notif_send(target.listener.as_fd(), &resp);
+                    0
+                }
+                Outcome::Error(errno, reason) => {
+                    if let Some(reason) = reason.filter(|_| POLICY_ERRNOS.contains(&errno)) {
+                        if !matches!(
+                            sys::notif_id_valid(target.listener.as_fd(), notif.id),
+                            Ok(true)
+                        ) {
+                            self.record(syscall, GONE, start);
+                            continue;
+                        }
+                        self.refused(target, syscall, errno, reason, notif.pid);
+                    }
+                    let resp = abi::encode_response(notif.id, 0, errno);
+                    let _ = sys::notif_send(target.listener.as_fd(), &resp);
+                    (errno as usize).min(MAX_ERRNO)
+                }
+            };
+            self.record(syscall, result, start);
+        }
+    }
+
+    fn record(&self, syscall: usize, result: usize, start: Instant) {
+        let elapsed = start.elapsed().as_secs_f64();
+        let bucket = self
+            .config
+            .buckets
+            .iter()
+            .position(|&b| elapsed <= b)
+            .unwrap_or(BUCKETS);
+        let mut stats = lock(&self.stats);
+        stats.results[syscall][result] += 1;
+        stats.seconds[syscall] += elapsed;
+        stats.buckets[syscall][bucket] += 1;
+    }
+
+    fn refused(&self, target: &Target, syscall: usize, errno: i32, reason: &'static str, tid: u32) {
+        {
+            let mut stats = lock(&self.stats);
+            match stats.refusals.iter_mut().find(|(r, _)| *r == reason) {
+                Some((_, n)) => *n += 1,
+                None => stats.refusals.push((reason, 1)),
+            }
+        }
+        let event = Refused {
+            syscall,
+            errno,
+            reason,
+            tid,
+            tgid: read_tgid(tid),
+            target_id: target.id,
+        };
+        let mut events = lock(&self.events);
+        if events.queue.len() >= MAX_EVENTS {
+            events.queue.pop_front();
+            events.dropped += 1;
+        }
+        events.queue.push_back(event);
+        self.wakeup.notify_all();
+    }
+
+    // --- name_to_handle_at ------------------------------------------------------------
+
+    fn name_to_handle_at(
+        &self,
+        target: &Target,
+        n: &Notification,
+        base: Option<&Baseline>,
+        memo: &mut Option<Arc<Status>>,
+    ) -> Outcome {
+        let tid = n.pid as i32;
+        let dirfd = abi::arg_int(n.args[0]);
+        let path_ptr = abi::arg_ptr(n.args[1]);
+        let handle_ptr = abi::arg_ptr(n.args[2]);
+        let mount_id_ptr = abi::arg_ptr(n.args[3]);
+        let flags = abi::arg_int(n.args[4]);
+
+        if flags & !self.config.accepted_flags != 0 {
+            return err(libc::EINVAL);
+        }
+        if flags & abi::AT_HANDLE_CONNECTABLE != 0
+            && flags & (abi::AT_HANDLE_FID | abi::AT_EMPTY_PATH) != 0
+        {
+            return err(libc::EINVAL);
+        }
+        // getname(), then the walk (resolve) as the target
+        let mut path_buf = [0u8; PATH_MAX];
+        let path_len = match read_path(tid, path_ptr, &mut path_buf) {
+            Ok(len) => len,
+            Err(outcome) => return outcome,
+        };
+        if path_len == 0 && flags & abi::AT_EMPTY_PATH == 0 {
+            return err(libc::ENOENT);
+        }
+        let follow = flags & abi::AT_SYMLINK_FOLLOW != 0;
+        let obj = match self.resolve(target, n, base, memo, dirfd, &path_buf[..=path_len], follow) {
+            Ok(fd) => fd,
+            Err(outcome) => return outcome,
+        };
+        let Ok((mode, obj_mount)) = sys::statx_mode_mount(obj.as_fd()) else {
+            return err(libc::EIO);
+        };
+        let mut paths = FdPaths {
+            obj: obj.as_fd(),
+            share: target.share.path_fd.as_fd(),
+        };
+        if let Err(refusal) = policy::check_resolved(&target.share.facts, obj_mount, &mut paths) {
+            return Outcome::Error(refusal.errno, Some(refusal.reason));
+        }
+        let passthrough = flags & (abi::AT_HANDLE_FID | abi::AT_HANDLE_MNT_ID_UNIQUE);
+        let mut kernel_bytes = [0u8; MAX_HANDLE_SZ];
+        let kernel_handle = if flags & abi::AT_HANDLE_CONNECTABLE != 0 {
+            sys::name_to_handle_at_of_fd(
+                obj.as_fd(),
+                passthrough | abi::AT_HANDLE_CONNECTABLE | abi::AT_SYMLINK_FOLLOW,
+                &mut kernel_bytes,
+            )
+        } else {
+            sys::name_to_handle_at(
+                obj.as_fd(),
+                c"",
+                passthrough | abi::AT_EMPTY_PATH,
+                &mut kernel_bytes,
+            )
+        };
+        let (handle_type, len, mnt) = match kernel_handle {
+            Ok(v) => v,
+            Err(e) => return err(if e == 0 { libc::EINVAL } else { e }),
+        };
+        drop(obj);
+        let file_type = mode & libc::S_IFMT;
+        if file_type != libc::S_IFDIR && file_type != libc::S_IFREG {
+            return Outcome::Error(libc::EOPNOTSUPP, Some("no handles for this file type"));
+        }
+        if len > MAX_KERNEL_HANDLE_SIZE {
+            return Outcome::Error(
+                libc::EOPNOTSUPP,
+                Some("kernel handle too large for the MAC trailer"),
+            );
+        }
+        // the header, as read_exact(handle_ptr, 8)
+        if handle_ptr == 0 || handle_ptr.checked_add(8).is_none() {
+            return err(libc::EFAULT);
+        }
+        let mut header = [0u8; handle::HEADER_SIZE];
+        match sys::read_target(tid, handle_ptr, &mut header) {
+            Ok(8) => {}
+            Ok(_) => return err(libc::EFAULT),
+            Err(libc::ESRCH) => return Outcome::Gone,
+            Err(_) => return err(libc::EIO),
+        }
+        let Some(header) = handle::Header::parse(&header) else {
+            return err(libc::EFAULT);
+        };
+        if header.handle_bytes as usize > MAX_HANDLE_SZ {
+            return err(libc::EINVAL);
+        }
+        let mut out = [0u8; handle::HEADER_SIZE + MAX_HANDLE_SZ];
+        let f_len = if self.config.signing {
+            let Some(keys) = self.keys() else {
+                return err(libc::EIO);
+            };
+            let mut signed = [0u8; MAX_HANDLE_SZ];
+            let Some(n) = keys.sign(
+                &target.share.share_id,
+                handle_type,
+                &kernel_bytes[..len],
+                &mut signed,
+            ) else {
+                return err(libc::EIO);
+            };
+            out[8..8 + n].copy_from_slice(&signed[..n]);
+            n
+        } else {
+            out[8..8 + len].copy_from_slice(&kernel_bytes[..len]);
+            len
+        };
+        let mount_u64 = mnt.to_le_bytes();
+        let mount_i32 = (mnt as u32).to_le_bytes();
+        let mount_bytes: &[u8] = if flags & abi::AT_HANDLE_MNT_ID_UNIQUE != 0 {
+            &mount_u64
+        } else {
+            &mount_i32
+        };
+        if f_len > header.handle_bytes as usize {
+            let overflow = handle::Header {
+                handle_bytes: f_len as u32,
+                handle_type: handle::FILEID_INVALID,
+            }
+            .encode();
+            return match write(
+                target,
+                n,
+                &[(mount_id_ptr, mount_bytes), (handle_ptr, &overflow)],
+            ) {
+                Ok(()) => err(libc::EOVERFLOW),
+                Err(outcome) => outcome,
+            };
+        }
+        out[..8].copy_from_slice(
+            &handle::Header {
+                handle_bytes: f_len as u32,
+                handle_type,
+            }
+            .encode(),
+        );
+        match write(
+            target,
+            n,
+            &[(mount_id_ptr, mount_bytes), (handle_ptr, &out[..8 + f_len])],
+        ) {
+            Ok(()) => Outcome::Return(0),
+            Err(outcome) => outcome,
+        }
+    }
+
+    /// name_to_handle_at.resolve: what the target's own lookup of `path` (NUL-terminated)
+    /// would find, as an O_PATH fd of ours; the walk runs with the target's credentials and
+    /// refuses magic links (they would resolve in fhmon's context).
+    #[allow(clippy::too_many_arguments)]
+    fn resolve(
+        &self,
+        target: &Target,
+        n: &Notification,
+        base: Option<&Baseline>,
+        memo: &mut Option<Arc<Status>>,
+        dirfd: i32,
+        path: &[u8],
+        follow: bool,
+    ) -> Result<OwnedFd, Outcome> {
+        const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+        const RESOLVE_IN_ROOT: u64 = 0x10;
+        let mut resolve_flags = RESOLVE_NO_MAGICLINKS;
+        let start = if path.first() == Some(&b'/') {
+            let root = self.open_proc_link(target, n, b"root")?;
+            if !self.same_root_as_ours(root.as_fd()) {
+                resolve_flags |= RESOLVE_IN_ROOT;
+            }
+            root
+        } else if dirfd == abi::AT_FDCWD {
+            self.open_proc_link(target, n, b"cwd")?
+        } else {
+            if dirfd < 0 {
+                return Err(err(libc::EBADF));
+            }
+            self.take_fd(target, n, dirfd)?
+        };
+        if path.len() <= 1 {
+            return Ok(start); // the empty path: the start itself
+        }
+        let Some(base) = base else {
+            return Err(Outcome::Defer);
+        };
+        let status = self.thread_status(target, n, memo)?;
+        let cpath = std::ffi::CStr::from_bytes_with_nul(path).map_err(|_| err(libc::EFAULT))?;
+        let open_flags = libc::O_PATH | libc::O_CLOEXEC | if follow { 0 } else { libc::O_NOFOLLOW };
+        let _acting = ActingAs::full(base, &status.creds).map_err(|_| err(libc::EIO))?;
+        sys::openat2(start.as_fd(), cpath, open_flags, resolve_flags)
+            .map_err(|e| err(if e == 0 { libc::EINVAL } else { e }))
+    }
+
+    /// TargetThread.open_root/open_cwd: /proc/TID/<link>, then ID_VALID.
+    fn open_proc_link(
+        &self,
+        target: &Target,
+        n: &Notification,
+        name: &[u8],
+    ) -> Result<OwnedFd, Outcome> {
+        let fd = sys::open_proc_link(n.pid, name).map_err(|_| Outcome::Gone)?;
+        if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
+            return Err(Outcome::Gone);
+        }
+        Ok(fd)
+    }
+
+    /// _same_root_as_ours: the target's root is fhmon's own (same inode and mount).
+    fn same_root_as_ours(&self, root: BorrowedFd<'_>) -> bool {
+        let Some(ours) = self.our_root else {
+            return false;
+        };
+        let Ok(dev_ino) = sys::fstat_dev_ino(root) else {
+            return false;
+        };
+        let Ok((_, mnt)) = sys::statx_mode_mount(root) else {
+            return false;
+        };
+        (dev_ino.0, dev_ino.1, mnt) == ours
+    }
+
+    /// TargetThread.status: the thread's credentials, from the cache while they are frozen
+    /// and its pidfd's thread lives, else read from /proc (a new pidfd opened first: the
+    /// ID_VALID after the read proves it names the caller). Memoised for the call.
+    fn thread_status(
+        &self,
+        target: &Target,
+        n: &Notification,
+        memo: &mut Option<Arc<Status>>,
+    ) -> Result<Arc<Status>, Outcome> {
+        if let Some(status) = memo {
+            return Ok(Arc::clone(status));
+        }
+        let mut cache = lock(&target.threads);
+        let mut have_live = false;
+        if let Some(e) = cache.iter().find(|e| e.tid == n.pid) {
+            if sys::pidfd_alive(e.pidfd.as_fd()) {
+                if let Some(status) = &e.frozen {
+                    *memo = Some(Arc::clone(status));
+                    return Ok(Arc::clone(status));
+                }
+                have_live = true;
+            }
+        }
+        let pidfd = if have_live {
+            None
+        } else {
+            sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD).ok()
+        };
+        let mut buf = [0u8; 8192];
+        let Ok(len) = sys::read_proc_status(n.pid, &mut buf) else {
+            return Err(Outcome::Gone);
+        };
+        if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
+            return Err(Outcome::Gone);
+        }
+        let Some(mut status) = crate::status::parse(&buf[..len]) else {
+            return Err(Outcome::Gone);
+        };
+        if !self.in_our_user_ns(n.pid) {
+            status.creds.cap_effective = 0; // no capability over fhmon's files
+        }
+        status.frozen = status.frozen && status.creds.cap_effective == 0;
+        let status = Arc::new(status);
+        let frozen = status.frozen.then(|| Arc::clone(&status));
+        match pidfd {
+            Some(pidfd) => remember(&mut cache, n.pid, pidfd, frozen),
+            None => {
+                if let Some(e) = cache.iter_mut().find(|e| e.tid == n.pid) {
+                    e.frozen = frozen;
+                }
+            }
+        }
+        *memo = Some(Arc::clone(&status));
+        Ok(status)
+    }
+
+    fn in_our_user_ns(&self, tid: u32) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let ours = std::fs::metadata("/proc/self/ns/user").map(|m| (m.dev(), m.ino()));
+        let theirs = std::fs::metadata(format!("/proc/{tid}/ns/user")).map(|m| (m.dev(), m.ino()));
+        matches!((ours, theirs), (Ok(a), Ok(b)) if a == b)
+    }
+
+    /// Answerer._owned_by_peer: a target registered by an unprivileged client is served
+    /// only for threads of that client's uid. Ok(false): another uid (the reference answers
+    /// EPERM and audits it); Err(Gone): the thread went away.
+    fn owned_by_peer(
+        &self,
+        target: &Target,
+        n: &Notification,
+        memo: &mut Option<Arc<Status>>,
+    ) -> Result<bool, Outcome> {
+        if target.peer_uid == 0 {
+            return Ok(true);
+        }
+        Ok(self.thread_status(target, n, memo)?.uid == target.peer_uid)
+    }
+
+    // --- open_by_handle_at ------------------------------------------------------------
+
+    fn open_by_handle_at(
+        &self,
+        target: &Target,
+        n: &Notification,
+        base: &Baseline,
+        memo: &mut Option<Arc<Status>>,
+    ) -> Outcome {
+        let tid = n.pid as i32;
+        let mount_fd = abi::arg_int(n.args[0]);
+        let handle_ptr = abi::arg_ptr(n.args[1]);
+        let flags = abi::arg_int(n.args[2]);
+
+        let mut raw = [0u8; handle::HEADER_SIZE + MAX_HANDLE_SZ];
+        let got = if handle_ptr == 0 {
+            0
+        } else {
+            let room = (u64::MAX - handle_ptr + 1).min(raw.len() as u64) as usize;
+            match sys::read_target(tid, handle_ptr, &mut raw[..room]) {
+                Ok(got) => got,
+                Err(libc::ESRCH) => return Outcome::Gone,
+                Err(_) => return err(libc::EIO),
+            }
+        };
+        let (header, f_handle) = match handle::parse_presented(&raw[..got]) {
+            Ok(v) => v,
+            Err(e) => return err(e.errno()),
+        };
+        let mount_dev = match self.mount_fd_device(target, n, mount_fd) {
+            Ok(dev) => dev,
+            Err(outcome) => return outcome,
+        };
+        let kernel_bytes = if self.config.signing {
+            let Some(keys) = self.keys() else {
+                return err(libc::EIO);
+            };
+            match keys.verify(&target.share.share_id, header.handle_type, f_handle) {
+                Some(k) => {
+                    let mut copy = [0u8; MAX_HANDLE_SZ];
+                    copy[..k.len()].copy_from_slice(k);
+                    (copy, k.len())
+                }
+                None => return Outcome::Error(libc::ESTALE, Some("bad or foreign MAC")),
+            }
+        } else {
+            let mut copy = [0u8; MAX_HANDLE_SZ];
+            copy[..f_handle.len()].copy_from_slice(f_handle);
+            (copy, f_handle.len())
+        };
+        if mount_dev != target.share.dev {
+            return Outcome::Error(libc::ESTALE, Some("mount_fd on another filesystem"));
+        }
+        let obj = match sys::open_by_handle_at(
+            target.share.dir_fd.as_fd(),
+            header.handle_type,
+            &kernel_bytes.0[..kernel_bytes.1],
+            libc::O_PATH | libc::O_CLOEXEC,
+        ) {
+            Ok(fd) => fd,
+            Err(0) => return err(libc::ESTALE),
+            Err(e) => return err(e),
+        };
+        let Ok((mode, obj_mount)) = sys::statx_mode_mount(obj.as_fd()) else {
+            return err(libc::EIO);
+        };
+        let file_type = mode & libc::S_IFMT;
+        let is_dir = file_type == libc::S_IFDIR;
+        if !(is_dir || file_type == libc::S_IFREG) {
+            return Outcome::Error(
+                libc::EACCES,
+                Some("fhmon opens only directories and regular files"),
+            );
+        }
+        let mut paths = FdPaths {
+            obj: obj.as_fd(),
+            share: target.share.path_fd.as_fd(),
+        };
+        if let Err(refusal) =
+            policy::check_opened(&target.share.facts, is_dir, obj_mount, &mut paths)
+        {
+            return Outcome::Error(refusal.errno, Some(refusal.reason));
+        }
+        let opened = match self.reopen_as_target(target, n, base, memo, obj.as_fd(), flags, is_dir)
+        {
+            Ok(fd) => fd,
+            Err(outcome) => return outcome,
+        };
+        drop(obj);
+        let newfd_flags = if flags & abi::O_CLOEXEC != 0 {
+            abi::O_CLOEXEC as u32
+        } else {
+            0
+        };
+        let addfd = abi::encode_addfd(
+            n.id,
+            std::os::fd::AsRawFd::as_raw_fd(&opened),
+            newfd_flags,
+            abi::SECCOMP_ADDFD_FLAG_SEND,
+        );
+        // no signal may interrupt ADDFD|SEND once the kernel marked the call answered
+        let mask = sys::block_all_signals();
+        let added = sys::notif_addfd(target.listener.as_fd(), &addfd);
+        sys::restore_signals(&mask);
+        match added {
+            Ok(_) => Outcome::Injected,
+            Err(libc::ENOENT) => Outcome::Gone,
+            Err(e) => err(e), // e.g. EMFILE in the target
+        }
+    }
+
+    /// _mount_fd_device: EBADF as the kernel gives it (a bad fd, an O_PATH fd), else the
+    /// st_dev of the target's mount_fd (or of its cwd for AT_FDCWD).
+    fn mount_fd_device(&self, target: &Target, n: &Notification, fd: i32) -> Result<u64, Outcome> {
+        let ours = if fd == abi::AT_FDCWD {
+            let cwd = sys::open_proc_link(n.pid, b"cwd").map_err(|_| Outcome::Gone)?;
+            if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
+                return Err(Outcome::Gone);
+            }
+            cwd
+        } else {
+            if fd < 0 {
+                return Err(err(libc::EBADF));
+            }
+            let ours = self.take_fd(target, n, fd)?;
+            match sys::fcntl_getfl(ours.as_fd()) {
+                Ok(fl) if fl & libc::O_PATH != 0 => return Err(err(libc::EBADF)),
+                Ok(_) => {}
+                Err(_) => return Err(err(libc::EIO)),
+            }
+            ours
+        };
+        sys::fstat_dev_uid(ours.as_fd())
+            .map(|(dev, _)| dev)
+            .map_err(|_| err(libc::EIO))
+    }
+
+    /// _reopen_as_target: the open the target asked for, with its own credentials; O_PATH
+    /// becomes a real read-only (else write-only) open, or a read-only fd fhmon opens for
+    /// an owner who could chmod itself access.
+    #[allow(clippy::too_many_arguments)]
+    fn reopen_as_target(
+        &self,
+        target: &Target,
+        n: &Notification,
+        base: &Baseline,
+        memo: &mut Option<Arc<Status>>,
+        obj: BorrowedFd<'_>,
+        flags: i32,
+        is_dir: bool,
+    ) -> Result<OwnedFd, Outcome> {
+        let status = self.thread_status(target, n, memo)?;
+        let creds = &status.creds;
+        let strip = abi::O_CLOEXEC | libc::O_NOFOLLOW | abi::O_PATH;
+        let mut attempts = [0i32; 2];
+        let count;
+        if flags & abi::O_PATH != 0 {
+            if flags & libc::O_DIRECTORY != 0 && !is_dir {
+                return Err(err(libc::ENOTDIR));
+            }
+            if is_dir {
+                attempts[0] = libc::O_RDONLY | libc::O_DIRECTORY;
+                count = 1;
+            } else {
+                attempts = [libc::O_RDONLY, libc::O_WRONLY];
+                count = 2;
+            }
+        } else {
+            attempts[0] = (flags & !strip) | libc::O_NOCTTY;
+            count = 1;
+        }
+        let mut first_error = 0;
+        {
+            let _acting = ActingAs::reopen_only(base, creds).map_err(|_| err(libc::EIO))?;
+            for attempt in &attempts[..count] {
+                match sys::reopen(obj, attempt | abi::O_CLOEXEC) {
+                    Ok(fd) => return Ok(fd),
+                    Err(e) => {
+                        if first_error == 0 {
+                            first_error = if e == 0 { libc::EACCES } else { e };
+                        }
+                    }
+                }
+            }
+        }
+        let owned = sys::fstat_dev_uid(obj).map_err(|_| err(libc::EIO))?.1 == creds.fsuid;
+        if flags & abi::O_PATH != 0 && first_error == libc::EACCES && owned {
+            let fd = sys::reopen(obj, attempts[0] | abi::O_CLOEXEC).map_err(|_| err(libc::EIO))?;
+            let chmod_possible = match sys::inode_flags(fd.as_fd()) {
+                Ok(f) => f & (0x10 | 0x20) == 0, // FS_IMMUTABLE_FL | FS_APPEND_FL
+                Err(_) => true,                  // the filesystem has no such flags
+            };
+            if chmod_possible {
+                return Ok(fd);
+            }
+        }
+        Err(err(first_error))
+    }
+
+    /// TargetThread.take_fd(check=False): a duplicate of the target's fd through a cached
+    /// pidfd of the calling thread (proved alive by the getfd itself) or a new one.
+    fn take_fd(&self, target: &Target, n: &Notification, fd: i32) -> Result<OwnedFd, Outcome> {
+        let mut cache = lock(&target.threads);
+        if let Some(i) = cache.iter().position(|e| e.tid == n.pid) {
+            match sys::pidfd_getfd(cache[i].pidfd.as_fd(), fd) {
+                Ok(ours) => return Ok(ours),
+                Err(e) if sys::pidfd_alive(cache[i].pidfd.as_fd()) => {
+                    return Err(getfd_error(target, n, e));
+                }
+                Err(_) => {
+                    cache.swap_remove(i); // its thread died; the TID names a new one
+                }
+            }
+        }
+        let pidfd = match sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD) {
+            Ok(p) => p,
+            Err(libc::EINVAL) => return Err(Outcome::Defer), // a kernel before 6.9
+            Err(_) => return Err(Outcome::Gone),
+        };
+        let ours = sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| getfd_error(target, n, e))?;
+        remember(&mut cache, n.pid, pidfd, None);
+        Ok(ours)
+    }
+}
+
+fn remember(cache: &mut Vec<ThreadEntry>, tid: u32, pidfd: OwnedFd, frozen: Option<Arc<Status>>) {
+    cache.retain(|e| e.tid != tid);
+    if cache.len() >= PIDFD_CACHE {
+        cache.retain(|e| sys::pidfd_alive(e.pidfd.as_fd()));
+    }
+    if cache.len() < PIDFD_CACHE {
+        cache.push(ThreadEntry { tid, pidfd, frozen });
+    }
+}
+
+/// getname(): a NUL-terminated path of at most PATH_MAX bytes with the NUL, read as
+/// TargetThread.read_path (the first page first, where almost every path ends): its length
+/// without the NUL (which buf holds at that index).
+fn read_path(tid: i32, addr: u64, buf: &mut [u8; PATH_MAX]) -> Result<usize, Outcome> {
+    const PAGE: u64 = 4096;
+    if addr == 0 {
+        return Err(err(libc::EFAULT));
+    }
+    let read = |at: u64, into: &mut [u8]| match sys::read_target(tid, at, into) {
+        Ok(got) => Ok(got),
+        Err(libc::ESRCH) => Err(Outcome::Gone),
+        Err(_) => Err(err(libc::EIO)),
+    };
+    let first = (PATH_MAX as u64).min(PAGE - addr % PAGE) as usize;
+    let got = read(addr, &mut buf[..first])?;
+    if let Some(nul) = buf[..got].iter().position(|&b| b == 0) {
+        return Ok(nul);
+    }
+    if got < first {
+        return Err(err(libc::EFAULT));
+    }
+    let after = u128::from(addr) + first as u128;
+    let rest = ((PATH_MAX - first) as u128).min((1u128 << 64) - after) as usize;
+    let got = if rest == 0 {
+        0
+    } else {
+        read(after as u64, &mut buf[first..first + rest])?
+    };
+    let total = first + got;
+    match buf[..total].iter().position(|&b| b == 0) {
+        Some(nul) => Ok(nul),
+        None if total < PATH_MAX => Err(err(libc::EFAULT)),
+        None => Err(err(libc::ENAMETOOLONG)),
+    }
+}
+
+fn getfd_error(target: &Target, n: &Notification, e: Errno) -> Outcome {
+    if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
+        return Outcome::Gone;
+    }
+    if e == libc::EBADF {
+        err(libc::EBADF)
+    } else {
+        Outcome::Gone
+    }
+}
+
+/// TargetThread.write: ID_VALID, then one process_vm_writev of the chunks that have a
+/// plausible address; EFAULT unless every byte landed.
+fn write(target: &Target, n: &Notification, chunks: &[(u64, &[u8])]) -> Result<(), Outcome> {
+    match sys::notif_id_valid(target.listener.as_fd(), n.id) {
+        Ok(true) => {}
+        _ => return Err(Outcome::Gone),
+    }
+    let mut writable = 0;
+    let mut expected = 0;
+    for (addr, data) in chunks {
+        if *addr == 0 || addr.checked_add(data.len() as u64).is_none() {
+            break;
+        }
+        writable += 1;
+        expected += data.len();
+    }
+    let written = if writable == 0 {
+        Ok(0)
+    } else {
+        sys::write_target(n.pid as i32, &chunks[..writable])
+    };
+    match written {
+        Ok(count) if count == expected && writable == chunks.len() => Ok(()),
+        Ok(_) => Err(err(libc::EFAULT)),
+        Err(libc::ESRCH) => Err(Outcome::Gone),
+        Err(_) => Err(err(libc::EIO)),
+    }
+}
+
+struct FdPaths<'a> {
+    obj: BorrowedFd<'a>,
+    share: BorrowedFd<'a>,
+}
+
+impl Paths for FdPaths<'_> {
+    fn object_path<'b>(&mut self, buf: &'b mut [u8; PATH_MAX]) -> Result<&'b [u8], i32> {
+        sys::fd_path(self.obj, buf)
+    }
+    fn share_path<'b>(&mut self, buf: &'b mut [u8; PATH_MAX]) -> Result<&'b [u8], i32> {
+        sys::fd_path(self.share, buf)
+    }
+}
+
+fn read_tgid(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Tgid:"))?;
+    line["Tgid:".len()..].trim().parse().ok()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Tell a target's threads to stop and wait for each (re-sending the wake signal: one
+/// sent just before a thread entered RECV would be lost).
+fn stop_threads(target: &Target, threads: Vec<JoinHandle<()>>) {
+    use std::os::unix::thread::JoinHandleExt;
+    target.stopping.store(true, Ordering::SeqCst);
+    for handle in threads {
+        while !handle.is_finished() {
+            sys::wake_thread(handle.as_pthread_t());
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let _ = handle.join();
+    }
+}
+
+/// One thread for every target's hang-up: poll(events = 0) reports POLLHUP once no task
+/// uses a filter; each is reported once, then left to remove(). It also sweeps the thread
+/// caches.
+fn watch_hangups(plane: std::sync::Weak<Plane>) {
+    sys::block_signals_but_wake();
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    let mut ids: Vec<(u64, Arc<Target>)> = Vec::new();
+    let mut swept = Instant::now();
+    loop {
+        let Some(p) = plane.upgrade() else { return };
+        if p.is_stopped() {
+            return;
+        }
+        if swept.elapsed() >= Duration::from_secs(1) {
+            // forget exited threads' pidfds once a second (ThreadCache.sweep)
+            swept = Instant::now();
+            for running in lock(&p.targets).iter() {
+                lock(&running.target.threads).retain(|e| sys::pidfd_alive(e.pidfd.as_fd()));
+            }
+        }
+        fds.clear();
+        ids.clear();
+        for running in lock(&p.targets).iter() {
+            if !running.target.hung_up.load(Ordering::SeqCst) {
+                ids.push((running.target.id, Arc::clone(&running.target)));
+            }
+        }
+        for (_, t) in &ids {
+            fds.push(libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&t.listener),
+                events: 0,
+                revents: 0,
+            });
+        }
+        drop(p);
+        // a short timeout picks up targets added meanwhile
+        let ready = sys::poll_many(&mut fds, 20).unwrap_or(0);
+        if ready == 0 {
+            continue;
+        }
+        let Some(p) = plane.upgrade() else { return };
+        for (i, pfd) in fds.iter().enumerate() {
+            if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+                let (id, target) = &ids[i];
+                if !target.hung_up.swap(true, Ordering::SeqCst) {
+                    (p.hang_up)(*id);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The Python face of the crate: `monitor._native`.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::handle::{MAX_HANDLE_SZ, SHARE_ID_SIZE};
+use crate::mac;
+
+fn share_id(raw: &[u8]) -> PyResult<mac::ShareId> {
+    raw.try_into()
+        .map_err(|_| PyValueError::new_err(format!("share id must be {SHARE_ID_SIZE} bytes")))
+}
+
+/// A key ring in locked memory: the same handles as monitor.signing.KeyRing.
+#[pyclass(name = "KeyRing", module = "monitor._native", frozen)]
+pub struct PyKeyRing {
+    pub(crate) ring: std::sync::Arc<mac::KeyRing>,
+}
+
+#[pymethods]
+impl PyKeyRing {
+    #[new]
+    fn new(keys: &Bound<'_, PyDict>, signer: u32) -> PyResult<Self> {
+        let mut owned: Vec<(u32, Vec<u8>)> = Vec::with_capacity(keys.len());
+        for (k, v) in keys.iter() {
+            owned.push((k.extract()?, v.extract()?));
+        }
+        let ring = mac::KeyRing::new(owned.iter().map(|(id, b)| (*id, &b[..])), signer)
+            .map_err(|e| PyValueError::new_err(e.to_string()));
+        for (_, bytes) in owned.iter_mut() {
+            zeroize::Zeroize::zeroize(bytes); // the copies made for the ring
+        }
+        Ok(PyKeyRing {
+            ring: std::sync::Arc::new(ring?),
+        })
+    }
+
+    #[getter]
+    fn signer(&self) -> u32 {
+        self.ring.signer_id()
+    }
+
+    #[getter]
+    fn key_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.ring.key_ids().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The f_handle to give a target (kernel bytes + key id + MAC).
+    fn sign<'py>(
+        &self,
+        py: Python<'py>,
+        share: &[u8],
+        handle_type: i32,
+        kernel_bytes: &[u8],
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let mut out = [0u8; MAX_HANDLE_SZ];
+        let n = self
+            .ring
+            .sign(&share_id(share)?, handle_type, kernel_bytes, &mut out)
+            .ok_or_else(|| PyValueError::new_err("kernel handle too large for the MAC trailer"))?;
+        Ok(PyBytes::new(py, &out[..n]))
+    }
+
+    /// The kernel bytes if the MAC is right for this share and a known key, else None.
+    fn verify<'py>(
+        &self,
+        py: Python<'py>,
+        share: &[u8],
+        handle_type: i32,
+        f_handle: &[u8],
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let share = share_id(share)?;
+        Ok(self
+            .ring
+            .verify(&share, handle_type, f_handle)
+            .map(|k| PyBytes::new(py, k)))
+    }
+}
+
+fn os_error(errno: i32) -> PyErr {
+    pyo3::exceptions::PyOSError::new_err((
+        errno,
+        std::io::Error::from_raw_os_error(errno).to_string(),
+    ))
+}
+
+/// The native data plane (native/src/plane.rs); monitor/dataplane wraps it.
+#[pyclass(name = "Plane", module = "monitor._native", frozen)]
+pub struct PyPlane {
+    plane: std::sync::Arc<crate::plane::Plane>,
+}
+
+#[pymethods]
+impl PyPlane {
+    /// fallback(target_id, raw_notification) answers what the native code does not;
+    /// hung_up(target_id) runs once a target's filter has no task left. Both are called
+    /// from native threads, with the GIL taken for the call only.
+    #[new]
+    fn new(
+        accepted_flags: i32,
+        signing: bool,
+        threads_per_target: usize,
+        buckets: Vec<f64>,
+        fallback: Py<PyAny>,
+        hung_up: Py<PyAny>,
+    ) -> PyResult<Self> {
+        let buckets: [f64; crate::plane::BUCKETS] = buckets.try_into().map_err(|_| {
+            PyValueError::new_err(format!(
+                "{} latency buckets expected",
+                crate::plane::BUCKETS
+            ))
+        })?;
+        let config = crate::plane::Config {
+            accepted_flags,
+            signing,
+            threads_per_target,
+            buckets,
+        };
+        let fallback = Box::new(
+            move |target_id: u64, raw: &[u8; crate::abi::SECCOMP_NOTIF_SIZE]| {
+                Python::attach(|py| {
+                    let raw = PyBytes::new(py, raw);
+                    if let Err(e) = fallback.call1(py, (target_id, raw)) {
+                        e.print(py);
+                    }
+                })
+            },
+        );
+        let hung_up = Box::new(move |target_id: u64| {
+            Python::attach(|py| {
+                if let Err(e) = hung_up.call1(py, (target_id,)) {
+                    e.print(py);
+                }
+            })
+        });
+        Ok(PyPlane {
+            plane: crate::plane::Plane::new(config, fallback, hung_up),
+        })
+    }
+
+    fn set_keys(&self, ring: &PyKeyRing) {
+        self.plane.set_keys(std::sync::Arc::clone(&ring.ring));
+    }
+
+    /// Serve a listener; every fd is duplicated (the plane closes its copies on remove).
+    #[allow(clippy::too_many_arguments)]
+    fn add(
+        &self,
+        py: Python<'_>,
+        target_id: u64,
+        listener_fd: i32,
+        peer_uid: u32,
+        share_id: &[u8],
+        dir_fd: i32,
+        path_fd: i32,
+        mount_id: u64,
+        dev: u64,
+        is_mount_root: bool,
+    ) -> PyResult<()> {
+        let share = crate::plane::Share {
+            share_id: self::share_id(share_id)?,
+            dev,
+            dir_fd: crate::sys::dup(dir_fd).map_err(os_error)?,
+            path_fd: crate::sys::dup(path_fd).map_err(os_error)?,
+            facts: crate::policy::ShareFacts {
+                mount_id,
+                is_mount_root,
+            },
+        };
+        let listener = crate::sys::dup(listener_fd).map_err(os_error)?;
+        let plane = std::sync::Arc::clone(&self.plane);
+        py.detach(move || plane.add(target_id, listener, share, peer_uid))
+            .map_err(os_error)
+    }
+
+    /// Stop serving a target: returns once no native thread answers its calls.
+    fn remove(&self, py: Python<'_>, target_id: u64) {
+        let plane = std::sync::Arc::clone(&self.plane);
+        py.detach(move || plane.remove(target_id));
+    }
+
+    fn stop(&self, py: Python<'_>) {
+        let plane = std::sync::Arc::clone(&self.plane);
+        py.detach(move || plane.stop());
+    }
+
+    #[getter]
+    fn stopped(&self) -> bool {
+        self.plane.is_stopped()
+    }
+
+    /// Sleep (without the GIL) until refusals are queued, the plane stops, or timeout.
+    fn wait(&self, py: Python<'_>, timeout: f64) {
+        let plane = std::sync::Arc::clone(&self.plane);
+        let timeout = std::time::Duration::from_secs_f64(timeout.clamp(0.0, 3600.0));
+        py.detach(move || plane.wait(timeout));
+    }
+
+    /// Counts since the last call: {(syscall, result errno or 0 ok, -1 gone): n},
+    /// {syscall: seconds}, {syscall: bucket counts}, {reason: n}.
+    #[allow(clippy::type_complexity)]
+    fn take_stats(
+        &self,
+    ) -> (
+        Vec<(String, i32, u64)>,
+        Vec<(String, f64)>,
+        Vec<(String, Vec<u64>)>,
+        Vec<(String, u64)>,
+    ) {
+        let stats = self.plane.take_stats();
+        let mut results = Vec::new();
+        let mut seconds = Vec::new();
+        let mut buckets = Vec::new();
+        for (i, name) in crate::plane::SYSCALLS.iter().enumerate() {
+            let mut any = false;
+            for (result, &n) in stats.results[i].iter().enumerate() {
+                if n > 0 {
+                    any = true;
+                    let code = if result == crate::plane::GONE {
+                        -1
+                    } else {
+                        result as i32
+                    };
+                    results.push((name.to_string(), code, n));
+                }
+            }
+            if any {
+                seconds.push((name.to_string(), stats.seconds[i]));
+                buckets.push((name.to_string(), stats.buckets[i].to_vec()));
+            }
+        }
+        let refusals = stats
+            .refusals
+            .iter()
+            .map(|(r, n)| (r.to_string(), *n))
+            .collect();
+        (results, seconds, buckets, refusals)
+    }
+
+    /// Queued refusals: [(syscall, errno, reason, tid, tgid or None, target_id)], dropped.
+    #[allow(clippy::type_complexity)]
+    fn drain_events(&self) -> (Vec<(String, i32, String, u32, Option<u32>, u64)>, u64) {
+        let (events, dropped) = self.plane.drain_events();
+        let out = events
+            .into_iter()
+            .map(|e| {
+                (
+                    crate::plane::SYSCALLS[e.syscall].to_string(),
+                    e.errno,
+                    e.reason.to_string(),
+                    e.tid,
+                    e.tgid,
+                    e.target_id,
+                )
+            })
+            .collect();
+        (out, dropped)
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<PyKeyRing>()?;
+    m.add_class::<PyPlane>()?;
+    Ok(())
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The Rust crates' own checks: rustfmt, clippy (warnings denied), cargo test (units and the
+# bounded property loop over every parser of target bytes), then a bounded fuzz run.
+#   FHMON_FUZZ_SECONDS   seconds per cargo-fuzz target (default 10; 0 skips fuzzing)
+# cargo-fuzz needs a nightly toolchain: without one (or without cargo-fuzz) the parsers get a
+# longer stable property loop instead (native/tests/parsers.rs), and the script says so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
+    PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+fi
+seconds=${FHMON_FUZZ_SECONDS:-10}
+crates=(native native/fuzz)
+[ -f bench/refmon/Cargo.toml ] && crates+=(bench/refmon)
+
+for crate in "${crates[@]}"; do
+    echo "rust_checks: $crate: fmt, clippy"
+    (cd "$crate" && cargo fmt --check)
+    if [ "$crate" = native/fuzz ]; then
+        continue  # built (and linted by rustc) only by cargo fuzz, on nightly
+    fi
+    (cd "$crate" && cargo clippy --quiet --locked --all-targets -- -D warnings)
+done
+(cd native && cargo clippy --quiet --locked --all-targets --no-default-features -- -D warnings)
+
+echo "rust_checks: native: cargo test"
+(cd native && cargo test --quiet --locked --no-default-features)
+(cd native && cargo test --quiet --locked)  # with the Python bindings compiled in
+
+if [ "$seconds" -gt 0 ]; then
+    if command -v cargo-fuzz >/dev/null && cargo +nightly --version >/dev/null 2>&1; then
+        for target in $(cd native/fuzz && cargo +nightly fuzz list); do
+            echo "rust_checks: cargo fuzz run $target for ${seconds}s"
+            (cd native/fuzz && cargo +nightly fuzz run "$target" -- \
+                -max_total_time="$seconds" -rss_limit_mb=1024 2>&1 | tail -1)
+        done
+    else
+        echo "rust_checks: no cargo-fuzz or nightly toolchain: a longer stable property loop instead"
+        (cd native && FHMON_FUZZ_ITERATIONS=$((seconds * 200000)) \
+            cargo test --quiet --locked --no-default-features --release --test parsers)
+    fi
+fi
+echo "rust_checks: ok"

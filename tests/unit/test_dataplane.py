@@ -1,0 +1,37 @@
+"""monitor.dataplane: the configured plane is built, or refused with a message that says
+what to do."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from monitor import dataplane
+from monitor.calls import Answerer
+from monitor.config import Config
+from monitor.handlers.registry import Dispatcher
+from monitor.metrics import CallStats
+from monitor.signing import KeyRing
+
+
+def _make(plane: str) -> dataplane.DataPlane:
+    keys = KeyRing({1: bytes(range(32))}, 1)
+    return dataplane.make_data_plane(Config(data_plane=plane),
+                                     Answerer(Dispatcher(), lambda: keys, True), CallStats(),
+                                     keys)
+
+
+def test_each_setting_builds_its_plane() -> None:
+    python = _make("python")
+    assert isinstance(python, dataplane.PythonDataPlane)
+    python.close()
+    native = _make("native")
+    assert isinstance(native, dataplane.NativeDataPlane)
+    native.stop()
+
+
+def test_a_missing_extension_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "monitor._native", None)  # import fails
+    with pytest.raises(dataplane.DataPlaneUnavailable, match='set data_plane = "python"'):
+        _make("native")
