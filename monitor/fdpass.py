@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import array
+import contextlib
+import os
 import socket
 from collections.abc import Iterable
 from typing import Any
@@ -37,3 +39,9 @@ def recv_fds(sock: socket.socket, size: int, max_fds: int) -> tuple[bytes, list[
     """A blocking recvmsg: (data, fds, msg_flags)."""
     data, ancdata, msg_flags, _ = sock.recvmsg(size, space(max_fds))
     return data, fds_from_ancdata(ancdata), msg_flags
+
+
+def close_quietly(fd: int) -> None:
+    """Close an fd that may already be gone (a client's, a peer's): nothing to report."""
+    with contextlib.suppress(OSError):
+        os.close(fd)

@@ -7,7 +7,6 @@ and the finally blocks close every fd.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
 import hmac
@@ -19,7 +18,6 @@ import resource
 import signal
 import socket
 import stat
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -33,8 +31,10 @@ from monitor.check import socket_dir_problem
 from monitor.config import Config
 from monitor.credentials import acting_as
 from monitor.dataplane import DataPlane, make_data_plane
+from monitor.fdpass import close_quietly
 from monitor.handlers.registry import Dispatcher
 from monitor.hardening import lock_down
+from monitor.intake import Intake, recv_with_fds
 from monitor.linux import kcmp_same_file
 from monitor.listener import Listener, is_seccomp_listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
@@ -47,38 +47,8 @@ from protocol import keeper as keeper_wire
 from protocol import native, oci
 from protocol import worker as worker_wire
 
-MAX_FDS_PER_MESSAGE = 16
 _WAKE = signal.SIGUSR1  # interrupts a worker thread's RECV
-RECV_CHUNK = 64 * 1024
 WORKER_START_TIMEOUT = 30.0  # seconds for every worker to load its keys and lock down
-
-
-class IntakePace:
-    """How fast one client uid's intake work is done: each message handled and each read
-    of a pending or lingering connection takes a token of its uid's bucket (GCRA: `rate`
-    a second, bursts of `burst`), root's bucket larger (a fleet of launchers registers
-    again after a restart). Intake runs on the thread (and CPUs) that also serve calls:
-    a client pipelining PINGs or STATUS as fast as it can raised a registered neighbour's
-    p99 ~20x (bench/intake.py); paced, it waits on its own socket instead."""
-
-    RATE, BURST = 500.0, 64  # a registration takes 2-3 tokens, a status ~1 per page
-    ROOT_RATE, ROOT_BURST = 5000.0, 1024
-
-    def __init__(self) -> None:
-        self._theoretical_arrival: dict[int, float] = {}
-
-    async def take(self, uid: int) -> None:
-        rate, burst = (self.ROOT_RATE, self.ROOT_BURST) if uid == 0 else (self.RATE, self.BURST)
-        now = trio.current_time()
-        arrivals = self._theoretical_arrival
-        if len(arrivals) > 4096:  # forget uids whose buckets are full again
-            for stale in [u for u, t in arrivals.items() if t < now]:
-                del arrivals[stale]
-        due = max(arrivals.get(uid, now), now)
-        arrivals[uid] = due + 1.0 / rate
-        wait = due - burst / rate - now
-        if wait > 0:
-            await trio.sleep(wait)
 
 
 class MetricsAddressError(OSError):
@@ -92,12 +62,9 @@ class Service:
         self.stats = CallStats()
         self.targets: dict[int, Target] = {}
         self._ids = itertools.count(1)
-        self._pace = IntakePace()
         self._keeper_dirty = trio.Event()  # set when a target for the keeper registers
         self._ever_deposited: set[int] = set()  # target ids the keeper took at least once
         self._failed_deposits: set[int] = set()  # ... and those counted as failed deposits
-        self._connections = 0  # pending connections of every uid but root
-        self._pending: collections.Counter[int] = collections.Counter()  # uid -> pending
         self.metrics = Metrics(self)
         self.dispatcher = Dispatcher([metrics_middleware(self.stats),
                                       audit_middleware(self.stats)])
@@ -105,7 +72,7 @@ class Service:
         self.started = time.time()
         self.key_error: str | None = None
         self.activated = False  # the socket came from systemd: leave it in place
-        self.accepting = False  # the intake's accept loop runs (/readyz)
+        self.intake = Intake(config, self)
         self.created_socket_dir: str | None = None
         self._dispatch: DataPlane | None = None
         self._workers: list[WorkerProcess] = []
@@ -267,27 +234,8 @@ class Service:
                           allow=self.config.allow, keys=[f"{k:08x}" for k in self.keys.key_ids],
                           signer=f"{self.keys.signer:08x}", pid=os.getpid())
                 task_status.started()
-                self.accepting = True
-                while True:
-                    try:
-                        conn, _ = await sock.accept()
-                    except OSError as exc:  # EMFILE/ENFILE: never let a flood stop us
-                        log.event("accept_failed", logging.ERROR, error=exc.strerror)
-                        await trio.sleep(0.1)
-                        continue
-                    try:
-                        peer = _peer_cred(conn)
-                    except OSError:
-                        conn.close()
-                        continue
-                    refusal = self._admit(peer.uid)
-                    if refusal is not None:
-                        conn.close()
-                        self._dropped(peer, refusal)
-                        continue
-                    nursery.start_soon(self._connection, conn, peer, nursery)
+                await self.intake.serve(sock, nursery)
         finally:
-            self.accepting = False
             sock.close()
             for worker in self._workers:
                 await worker.stop()
@@ -306,172 +254,39 @@ class Service:
                       registrations=dict(self.stats.registrations),
                       targets=len(self.targets))
 
-    # --- one intake connection -----------------------------------------------------------
-    def _admit(self, uid: int) -> str | None:
-        """Count a new connection of `uid` as pending (not yet registered), or say why not.
-
-        Pending connections are capped per client uid (max_connections_per_uid) and, for
-        all uids but root together, by max_connections; root has a pool of its own, so a
-        group member holding every slot starves neither root's registrations nor the
-        health probe. Registered connections (a launcher's, kept for the target's life)
-        are bounded by max_targets instead."""
-        if uid != 0:
-            if self._pending[uid] >= self.config.max_connections_per_uid:
-                return f"uid {uid} has max_connections_per_uid pending connections"
-            if self._connections >= self.config.max_connections:
-                return "too many connections"
-            self._connections += 1
-        elif self._pending[0] >= self.config.max_connections:
-            return "too many connections from root"
-        self._pending[uid] += 1
-        return None
+    # --- registration (the intake, monitor/intake.py, carries the bytes) -------------------
+    @property
+    def accepting(self) -> bool:
+        return self.intake.accepting
 
     def intake_full(self) -> bool:
-        """True while a new registration would be turned away for want of a pending slot:
-        root's pool, or the pool every other uid shares, is at max_connections."""
-        cap = self.config.max_connections
-        return self._connections >= cap or self._pending[0] >= cap
+        return self.intake.admission.full()
 
-    def _settled(self, uid: int) -> None:
-        """The pending connection of `uid` registered or ended."""
-        self._pending[uid] -= 1
-        if not self._pending[uid]:
-            del self._pending[uid]
-        if uid != 0:
-            self._connections -= 1
+    def count_registration(self, outcome: str) -> None:
+        self.stats.registrations[outcome] += 1
 
-    def _dropped(self, peer: PeerCred, reason: str) -> None:
-        log.event("connection_dropped", logging.WARNING, peer_uid=peer.uid, peer_pid=peer.pid,
-                  reason=reason)
-
-    async def _connection(self, conn: trio.socket.SocketType, peer: PeerCred,
-                          nursery: trio.Nursery) -> None:
-        fds: list[int] = []
-        pending = True
+    def register_native(self, hello: native.Hello, fds: list[int], peer: PeerCred,
+                        nursery: trio.Nursery) -> native.Accept | native.Refuse:
+        """A HELLO and the fds that came with it (all of them ours to keep or close)."""
         try:
-            linger = False
-            with trio.move_on_after(self.config.registration_timeout) as scope:
-                data, fds = await _recv_with_fds(conn, fds)
-                if not data:
-                    return
-                if native.looks_native(data):
-                    linger = await self._native(conn, peer, data, fds, nursery)
-                else:
-                    registration = await _read_oci(conn, data, fds)
-                    if registration is not None:
-                        state, fds = registration
-                        self._register_oci(peer, state, fds, nursery)
-            if scope.cancelled_caught:
-                self.stats.registrations["timeout"] += 1
-                log.event("registration_refused", logging.WARNING, peer_pid=peer.pid,
-                          peer_uid=peer.uid, reason="timed out waiting for a registration")
-            if linger:
-                pending = False
-                self._settled(peer.uid)
-                await self._linger(conn, peer.uid)
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        except Exception:  # a client must never take the service down
-            log.event("connection_failed", logging.ERROR, exc_info=True)
-        finally:
-            for fd in fds:
-                _close_quietly(fd)
-            conn.close()
-            if pending:
-                self._settled(peer.uid)
+            if len(fds) != 1:
+                for fd in fds:
+                    close_quietly(fd)
+                raise RegistrationRefused(
+                    f"HELLO must carry exactly one fd (the listener), got {len(fds)}",
+                    errno.EINVAL)
+            if hello.flags & ~native.HELLO_KNOWN_FLAGS:
+                close_quietly(fds[0])
+                raise RegistrationRefused(f"unknown HELLO flags {hello.flags:#x}", errno.EINVAL)
+            target = self._register(fds[0], hello.target_pid, hello.share, peer, "native",
+                                    nursery, expected_share_id=hello.share_id)
+        except RegistrationRefused as exc:
+            self._refused(peer, exc.reason)
+            return native.Refuse(exc.errno, exc.reason)
+        return native.Accept(target.target_id, target.share.share_id,
+                             f"registered: share {target.share.host_path}")
 
-    async def _native(self, conn: trio.socket.SocketType, peer: PeerCred, data: bytes,
-                      fds: list[int], nursery: trio.Nursery) -> bool:
-        """Serve native messages until a registration is settled; True if it was accepted."""
-        decoder = native.FrameDecoder()
-        registered = False
-        while True:
-            try:
-                decoder.feed(data)
-                message = decoder.next_message()
-                while message is not None:
-                    await self._pace.take(peer.uid)
-                    if not isinstance(message, native.Hello):
-                        for fd in fds:  # fds ride only with HELLO; never keep strays
-                            _close_quietly(fd)
-                        fds.clear()
-                    reply = self._native_message(message, peer, fds, nursery, registered)
-                    if isinstance(message, native.Hello):
-                        registered = registered or isinstance(reply, native.Accept)
-                    await conn.send(native.encode(reply))
-                    if isinstance(reply, native.Refuse) and isinstance(message, native.Hello):
-                        return False
-                    message = decoder.next_message()
-            except native.ProtocolError as exc:
-                self.stats.registrations["malformed"] += 1
-                log.event("registration_refused", logging.WARNING, peer_pid=peer.pid,
-                          peer_uid=peer.uid, reason=str(exc))
-                await conn.send(native.encode(native.Refuse(errno.EPROTO, str(exc))))
-                return False
-            if registered:
-                # The launcher keeps the connection open: leave the intake timeout's scope.
-                return True
-            await self._pace.take(peer.uid)
-            data, fds = await _recv_with_fds(conn, fds)
-            if not data:
-                return False
-
-    async def _linger(self, conn: trio.socket.SocketType, uid: int) -> None:
-        """After ACCEPT: keep the launcher's connection until it closes (it may ping)."""
-        decoder = native.FrameDecoder()
-        while True:
-            await self._pace.take(uid)
-            data = await _recv_plain(conn)
-            if not data:
-                return
-            try:
-                decoder.feed(data)
-                while (message := decoder.next_message()) is not None:
-                    await self._pace.take(uid)
-                    if isinstance(message, native.Ping):
-                        await conn.send(native.encode(self._pong()))
-                    elif isinstance(message, native.StatusRequest):
-                        await conn.send(native.encode(self.status_page(message.after)))
-                    elif isinstance(message, native.Hello):
-                        await conn.send(native.encode(native.Refuse(
-                            errno.EALREADY, "this connection already registered")))
-            except native.ProtocolError:
-                return
-
-    def _native_message(self, message: native.Message, peer: PeerCred, fds: list[int],
-                        nursery: trio.Nursery, registered: bool) -> native.Message:
-        match message:
-            case native.Ping():
-                return self._pong()
-            case native.StatusRequest():
-                return self.status_page(message.after)
-            case native.Hello():
-                if registered:
-                    return native.Refuse(errno.EALREADY, "this connection already registered")
-                received = list(fds)
-                fds.clear()
-                try:
-                    if len(received) != 1:
-                        for fd in received:
-                            _close_quietly(fd)
-                        raise RegistrationRefused(
-                            f"HELLO must carry exactly one fd (the listener), got "
-                            f"{len(received)}", errno.EINVAL)
-                    if message.flags & ~native.HELLO_KNOWN_FLAGS:
-                        _close_quietly(received[0])
-                        raise RegistrationRefused(
-                            f"unknown HELLO flags {message.flags:#x}", errno.EINVAL)
-                    target = self._register(received[0], message.target_pid, message.share,
-                                            peer, "native", nursery,
-                                            expected_share_id=message.share_id)
-                except RegistrationRefused as exc:
-                    self._refused(peer, exc.reason)
-                    return native.Refuse(exc.errno, exc.reason)
-                return native.Accept(target.target_id, target.share.share_id,
-                                     f"registered: share {target.share.host_path}")
-        return native.Refuse(errno.EPROTO, f"unexpected message {type(message).__name__}")
-
-    def _pong(self) -> native.Pong:
+    def pong(self) -> native.Pong:
         return native.Pong(json.dumps({
             "ok": self.key_error is None, "key_error": self.key_error,
             "keys": len(self.keys.key_ids), "targets": len(self.targets),
@@ -482,7 +297,7 @@ class Service:
         self.metrics.registrations.labels("refused").inc()
         log.audit("registration_refused", peer_pid=peer.pid, peer_uid=peer.uid, reason=reason)
 
-    def _register_oci(self, peer: PeerCred, state: oci.ContainerProcessState,
+    def register_oci(self, peer: PeerCred, state: oci.ContainerProcessState,
                       fds: list[int], nursery: trio.Nursery) -> None:
         try:
             if len(fds) != len(state.fds):
@@ -545,7 +360,7 @@ class Service:
                 share = _pin_expected(expected_share_id, (target_pid, peer.pid), share_path,
                                       self.config.allow, peer_credentials)
         except BaseException:
-            _close_quietly(listener_fd)
+            close_quietly(listener_fd)
             raise
         listener = Listener(listener_fd)
         if self.config.sync_wakeup:
@@ -664,7 +479,7 @@ class Service:
                     fds: list[int] = []
                     done = False
                     while not done:
-                        data, fds = await _recv_with_fds(sock, fds)
+                        data, fds = await recv_with_fds(sock, fds)
                         if not data:
                             break
                         decoder.feed(data)
@@ -676,7 +491,7 @@ class Service:
                             elif message["op"] == "end":
                                 done = True
                     for fd in fds:
-                        _close_quietly(fd)
+                        close_quietly(fd)
             except (OSError, trio.TooSlowError, keeper_wire.KeeperProtocolError) as exc:
                 log.event("keeper_unreachable", logging.WARNING, keeper=self.config.keeper_socket,
                           error=str(exc))
@@ -884,63 +699,6 @@ def _process_start_time(pid: int) -> float | None:
     except (OSError, ValueError, IndexError, StopIteration):
         return None
     return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _peer_cred(conn: trio.socket.SocketType) -> PeerCred:
-    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    return PeerCred(pid, uid, gid)
-
-
-async def _recv_with_fds(conn: trio.socket.SocketType, fds: list[int]) -> tuple[bytes, list[int]]:
-    data, ancdata, msg_flags, _ = await conn.recvmsg(RECV_CHUNK,
-                                                     fdpass.space(MAX_FDS_PER_MESSAGE))
-    fds.extend(fdpass.fds_from_ancdata(ancdata))
-    if msg_flags & socket.MSG_CTRUNC:
-        raise_refusal = f"more than {MAX_FDS_PER_MESSAGE} fds in one message"
-        for fd in fds:
-            _close_quietly(fd)
-        fds.clear()
-        with contextlib.suppress(OSError):
-            await conn.send(native.encode(native.Refuse(errno.EINVAL, raise_refusal)))
-        return b"", fds
-    return data, fds
-
-
-async def _recv_plain(conn: trio.socket.SocketType) -> bytes:
-    """Data only: any fds that came along are closed at once."""
-    data, fds = await _recv_with_fds(conn, [])
-    for fd in fds:
-        _close_quietly(fd)
-    return bytes(data)
-
-
-async def _read_oci(conn: trio.socket.SocketType, data: bytes,
-                    fds: list[int]) -> tuple[oci.ContainerProcessState, list[int]] | None:
-    buffer = bytes(data)
-    while True:
-        try:
-            state = oci.try_parse(buffer)
-        except oci.OciStateError as exc:
-            log.audit("registration_refused", reason=str(exc), convention="oci")
-            return None
-        if state is not None:
-            return state, fds
-        more, fds = await _recv_with_fds(conn, fds)
-        if len(fds) > MAX_FDS_PER_MESSAGE:
-            log.audit("registration_refused", reason=f"more than {MAX_FDS_PER_MESSAGE} fds "
-                      f"with one state message", convention="oci")
-            return None
-        if not more:
-            log.audit("registration_refused", reason="connection closed before a whole "
-                      "state message arrived", convention="oci")
-            return None
-        buffer += more
-
-
-def _close_quietly(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
 
 
 def _pin_in(pid: int, share_path: str, allow: list[str], credentials: Credentials) -> Share:

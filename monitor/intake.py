@@ -1,0 +1,320 @@
+"""The intake socket's I/O: accepting, admitting and pacing clients, and carrying each
+connection through its conversation (protocol/intake.py) or its OCI state message.
+
+What a registration must satisfy is not decided here: the Registrar (fhmon serve's
+Service) checks it and answers. This module only moves bytes and fds, and keeps the
+bounds that let no client take the intake from the others: pending connections per uid
+and in all, each uid's pace, the registration timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import math
+import socket
+import struct
+from collections.abc import Callable
+from typing import Protocol
+
+import trio
+
+from monitor import fdpass, log
+from monitor.calls import PeerCred
+from monitor.config import Config
+from monitor.fdpass import close_quietly
+from protocol import native, oci
+from protocol.intake import Action, IntakeConversation, Phase, Step
+
+MAX_FDS_PER_MESSAGE = 16
+RECV_CHUNK = 64 * 1024
+# accept(2) errors that say fhmon is short of fds or memory: wait and try again (as trio's
+# serve_listeners does). Errors that say one incoming connection died: skip it. Any other
+# error (EBADF, EINVAL: the listening socket itself is broken) is raised, never spun on.
+_ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_ACCEPT_CONNECTION_DIED = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
+
+
+class Registrar(Protocol):
+    """What the intake asks of fhmon serve."""
+
+    def pong(self) -> native.Pong: ...
+
+    def status_page(self, after: int) -> native.StatusReply: ...
+
+    def register_native(self, hello: native.Hello, fds: list[int], peer: PeerCred,
+                        nursery: trio.Nursery) -> native.Accept | native.Refuse: ...
+
+    def register_oci(self, peer: PeerCred, state: oci.ContainerProcessState,
+                     fds: list[int], nursery: trio.Nursery) -> None: ...
+
+    def count_registration(self, outcome: str) -> None: ...
+
+
+class IntakePace:
+    """How fast one client uid's intake work is done: each message handled and each read
+    of a pending or lingering connection takes a token of its uid's bucket (GCRA: `rate`
+    a second, bursts of `burst`), root's bucket larger (a fleet of launchers registers
+    again after a restart). Intake runs on the thread (and CPUs) that also serve calls:
+    a client pipelining PINGs or STATUS as fast as it can raised a registered neighbour's
+    p99 ~20x (bench/intake.py); paced, it waits on its own socket instead."""
+
+    RATE, BURST = 500.0, 64  # a registration takes 2-3 tokens, a status ~1 per page
+    ROOT_RATE, ROOT_BURST = 5000.0, 1024
+
+    def __init__(self) -> None:
+        self._theoretical_arrival: dict[int, float] = {}
+
+    async def take(self, uid: int) -> None:
+        rate, burst = (self.ROOT_RATE, self.ROOT_BURST) if uid == 0 else (self.RATE, self.BURST)
+        now = trio.current_time()
+        arrivals = self._theoretical_arrival
+        if len(arrivals) > 4096:  # forget uids whose buckets are full again
+            for stale in [u for u, t in arrivals.items() if t < now]:
+                del arrivals[stale]
+        due = max(arrivals.get(uid, now), now)
+        arrivals[uid] = due + 1.0 / rate
+        wait = due - burst / rate - now
+        if wait > 0:
+            await trio.sleep(wait)
+
+
+class Admission:
+    """Pending (not yet registered) connections, counted per client uid.
+
+    Capped per uid (max_connections_per_uid) and, for all uids but root together, by
+    max_connections; root has a pool of its own, so a group member holding every slot
+    starves neither root's registrations nor the health probe. Registered connections (a
+    launcher's, kept for the target's life) are bounded by max_targets instead."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._others = 0  # pending connections of every uid but root
+        self._pending: dict[int, int] = {}  # uid -> pending connections
+
+    def admit(self, uid: int) -> str | None:
+        """Count a new connection of `uid` as pending, or say why not."""
+        pending = self._pending.get(uid, 0)
+        if uid != 0:
+            if pending >= self._config.max_connections_per_uid:
+                return f"uid {uid} has max_connections_per_uid pending connections"
+            if self._others >= self._config.max_connections:
+                return "too many connections"
+            self._others += 1
+        elif pending >= self._config.max_connections:
+            return "too many connections from root"
+        self._pending[uid] = pending + 1
+        return None
+
+    def settled(self, uid: int) -> None:
+        """The pending connection of `uid` registered or ended."""
+        self._pending[uid] -= 1
+        if not self._pending[uid]:
+            del self._pending[uid]
+        if uid != 0:
+            self._others -= 1
+
+    def full(self) -> bool:
+        """True while a new registration would be turned away for want of a pending slot:
+        root's pool, or the pool every other uid shares, is at max_connections."""
+        cap = self._config.max_connections
+        return self._others >= cap or self._pending.get(0, 0) >= cap
+
+
+class Intake:
+    """The intake socket: one task per connection, in the service's nursery."""
+
+    def __init__(self, config: Config, registrar: Registrar) -> None:
+        self._config = config
+        self._registrar = registrar
+        self.admission = Admission(config)
+        self._pace = IntakePace()
+        self.accepting = False  # the accept loop runs (/readyz)
+
+    async def serve(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
+        """Accept until cancelled; each admitted connection is served in `nursery`."""
+        self.accepting = True
+        try:
+            while True:
+                try:
+                    conn, _ = await sock.accept()
+                except OSError as exc:
+                    if exc.errno in _ACCEPT_CONNECTION_DIED:
+                        continue
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    log.event("accept_failed", logging.ERROR, error=exc.strerror)
+                    await trio.sleep(0.1)
+                    continue
+                try:
+                    peer = peer_cred(conn)
+                except OSError:
+                    conn.close()
+                    continue
+                refusal = self.admission.admit(peer.uid)
+                if refusal is not None:
+                    conn.close()
+                    log.event("connection_dropped", logging.WARNING, peer_uid=peer.uid,
+                              peer_pid=peer.pid, reason=refusal)
+                    continue
+                nursery.start_soon(self._connection, conn, peer, nursery)
+        finally:
+            self.accepting = False
+
+    async def _connection(self, conn: trio.socket.SocketType, peer: PeerCred,
+                          nursery: trio.Nursery) -> None:
+        fds: list[int] = []
+        pending = True
+
+        def settle() -> None:
+            nonlocal pending
+            if pending:
+                pending = False
+                self.admission.settled(peer.uid)
+
+        try:
+            with trio.move_on_after(self._config.registration_timeout) as scope:
+                data, fds = await recv_with_fds(conn, fds)
+                if not data:
+                    return
+                if native.looks_native(data):
+                    await self._converse(conn, peer, data, fds, nursery, scope, settle)
+                else:
+                    registration = await _read_oci(conn, data, fds)
+                    if registration is not None:
+                        state, fds = registration
+                        self._registrar.register_oci(peer, state, fds, nursery)
+            if scope.cancelled_caught:
+                self._registrar.count_registration("timeout")
+                log.event("registration_refused", logging.WARNING, peer_pid=peer.pid,
+                          peer_uid=peer.uid, reason="timed out waiting for a registration")
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception:  # a client must never take the service down
+            log.event("connection_failed", logging.ERROR, exc_info=True)
+        finally:
+            for fd in fds:
+                close_quietly(fd)
+            conn.close()
+            settle()
+
+    async def _converse(self, conn: trio.socket.SocketType, peer: PeerCred, data: bytes,
+                        fds: list[int], nursery: trio.Nursery, timeout: trio.CancelScope,
+                        settle: Callable[[], None]) -> None:
+        """A native conversation, from the first bytes until either side ends it. Once
+        registered, the connection is the launcher's for its target's life: it leaves the
+        registration timeout and the pending count, and carries no more fds."""
+        conversation = IntakeConversation()
+        decoder = native.FrameDecoder()
+        while True:
+            try:
+                decoder.feed(data)
+                while (message := decoder.next_message()) is not None:
+                    await self._pace.take(peer.uid)
+                    step = conversation.receive(message)
+                    if not step.takes_fds:  # fds ride only with HELLO; never keep strays
+                        for fd in fds:
+                            close_quietly(fd)
+                        fds.clear()
+                    reply = self._perform(step, message, fds, peer, nursery)
+                    if step.action is Action.REGISTER:
+                        conversation.registration_settled(isinstance(reply, native.Accept))
+                        if not conversation.timed:  # registered: the launcher's for good
+                            timeout.deadline = math.inf
+                            settle()
+                    if reply is not None:
+                        await conn.send(native.encode(reply))
+                    if conversation.phase is Phase.CLOSED:
+                        return
+            except native.ProtocolError as exc:
+                step = conversation.protocol_error(str(exc))
+                if step.action is Action.REFUSE:
+                    self._registrar.count_registration("malformed")
+                    log.event("registration_refused", logging.WARNING, peer_pid=peer.pid,
+                              peer_uid=peer.uid, reason=str(exc))
+                    await conn.send(native.encode(native.Refuse(step.errno, step.reason)))
+                return
+            await self._pace.take(peer.uid)
+            if conversation.phase is Phase.AWAITING_HELLO:
+                data, fds = await recv_with_fds(conn, fds)
+            else:
+                data = await recv_plain(conn)
+            if not data:
+                return
+
+    def _perform(self, step: Step, message: native.Message, fds: list[int], peer: PeerCred,
+                 nursery: trio.Nursery) -> native.Message | None:
+        match step.action:
+            case Action.PONG:
+                return self._registrar.pong()
+            case Action.STATUS:
+                assert isinstance(message, native.StatusRequest)
+                return self._registrar.status_page(message.after)
+            case Action.REGISTER:
+                assert isinstance(message, native.Hello)
+                received = list(fds)
+                fds.clear()  # the registrar owns them now, whatever it answers
+                return self._registrar.register_native(message, received, peer, nursery)
+            case Action.REFUSE:
+                return native.Refuse(step.errno, step.reason)
+            case Action.IGNORE | Action.CLOSE:
+                return None
+
+
+# --- small I/O helpers ------------------------------------------------------------------
+
+def peer_cred(conn: trio.socket.SocketType) -> PeerCred:
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return PeerCred(pid, uid, gid)
+
+
+async def recv_with_fds(conn: trio.socket.SocketType, fds: list[int]) -> tuple[bytes, list[int]]:
+    """One recvmsg; the fds it brought are appended to `fds`. More than
+    MAX_FDS_PER_MESSAGE in one message: all are closed, the client is told (EINVAL) and
+    the data is b"" (the connection ends)."""
+    data, ancdata, msg_flags, _ = await conn.recvmsg(RECV_CHUNK,
+                                                     fdpass.space(MAX_FDS_PER_MESSAGE))
+    fds.extend(fdpass.fds_from_ancdata(ancdata))
+    if msg_flags & socket.MSG_CTRUNC:
+        refusal = f"more than {MAX_FDS_PER_MESSAGE} fds in one message"
+        for fd in fds:
+            close_quietly(fd)
+        fds.clear()
+        with contextlib.suppress(OSError):
+            await conn.send(native.encode(native.Refuse(errno.EINVAL, refusal)))
+        return b"", fds
+    return data, fds
+
+
+async def recv_plain(conn: trio.socket.SocketType) -> bytes:
+    """Data only: any fds that came along are closed at once."""
+    data, fds = await recv_with_fds(conn, [])
+    for fd in fds:
+        close_quietly(fd)
+    return bytes(data)
+
+
+async def _read_oci(conn: trio.socket.SocketType, data: bytes,
+                    fds: list[int]) -> tuple[oci.ContainerProcessState, list[int]] | None:
+    buffer = bytes(data)
+    while True:
+        try:
+            state = oci.try_parse(buffer)
+        except oci.OciStateError as exc:
+            log.audit("registration_refused", reason=str(exc), convention="oci")
+            return None
+        if state is not None:
+            return state, fds
+        more, fds = await recv_with_fds(conn, fds)
+        if len(fds) > MAX_FDS_PER_MESSAGE:
+            log.audit("registration_refused", reason=f"more than {MAX_FDS_PER_MESSAGE} fds "
+                      f"with one state message", convention="oci")
+            return None
+        if not more:
+            log.audit("registration_refused", reason="connection closed before a whole "
+                      "state message arrived", convention="oci")
+            return None
+        buffer += more
+
