@@ -420,7 +420,86 @@ def thread_call(cmd, ops):
     return out
 
 
-EXTRA_OPS = {"race": race, "storm": storm}
+F_SETLEASE, F_WRLCK = 1024, 1
+
+
+def take_lease(cmd):
+    """Open cmd["path"] read-only and take a write lease on it (F_SETLEASE F_WRLCK: any
+    other open of the file, fhmon's included, must wait for the lease break, up to
+    /proc/sys/fs/lease-break-time). The break's SIGIO is ignored: this holder never lets
+    go, the kernel breaks the lease when its time is up."""
+    import fcntl
+    import signal
+    signal.signal(signal.SIGIO, signal.SIG_IGN)
+    fd = os.open(cmd["path"], os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.fcntl(fd, F_SETLEASE, F_WRLCK)
+    except OSError as exc:
+        os.close(fd)
+        return {"errno": exc.errno}
+    FDS[cmd["name"]] = fd
+    return {"errno": 0, "ret": fd}
+
+
+def lingering_socket(cmd):
+    """A TCP socket whose close lingers: connected over loopback to a listener that never
+    accepts or reads, its send queue full (the peer's window is closed), SO_LINGER on for
+    cmd["seconds"]. The last close of it blocks that long (the kernel waits for the unsent
+    data to leave); FDS[name] is it, the listener is kept too (FDS[name + "_listener"])."""
+    import socket
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sock.connect(listener.getsockname())
+    sock.setblocking(False)
+    queued = 0
+    try:
+        while True:
+            queued += sock.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    sock.setblocking(True)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                    struct.pack("ii", 1, int(cmd.get("seconds", 30))))
+    FDS[cmd["name"]] = sock.detach()
+    FDS[cmd["name"] + "_listener"] = listener.detach()
+    return {"errno": 0, "ret": FDS[cmd["name"]], "queued": queued}
+
+
+def stack_mounts(cmd):
+    """Mount cmd["count"] tmpfs on top of each other at cmd["target"] (in this process's
+    own mount namespace): every lookup that crosses that mountpoint, or climbs out of it
+    with "..", walks the whole stack."""
+    target = cmd["target"].encode()
+    for done in range(cmd["count"]):
+        if libc.mount(b"adv", target, b"tmpfs", 0, None) < 0:
+            return {"errno": ctypes.get_errno(), "mounted": done}
+    return {"errno": 0, "mounted": cmd["count"]}
+
+
+def make_symlinks(cmd):
+    """os.symlink(body, path) for each [body, path] of cmd["links"]."""
+    try:
+        for body, path in cmd["links"]:
+            os.symlink(body, path)
+    except OSError as exc:
+        return {"errno": exc.errno}
+    return {"errno": 0}
+
+
+def close_later(cmd):
+    """Close FDS[name] on a thread of its own and return at once (a close that lingers
+    holds only that thread)."""
+    threading.Thread(target=os.close, args=(FDS.pop(cmd["name"]),), daemon=True).start()
+    return {"ret": 0}
+
+
+EXTRA_OPS = {"race": race, "storm": storm, "lease": take_lease, "close_later": close_later,
+             "lingering_socket": lingering_socket, "stack_mounts": stack_mounts,
+             "symlinks": make_symlinks}
 
 
 def main():

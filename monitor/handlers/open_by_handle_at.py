@@ -14,6 +14,14 @@ filesystem, and the inode is neither immutable nor append-only), it gets a read-
 opened by fhmon: virtiofsd keeps O_PATH fds to its own mode-000 files and execute-only
 directories. Otherwise EACCES, the answer of the target's own open(2). See
 docs/semantics.md.
+
+Nothing here may wait in the kernel on a target's behalf: this plane answers every target
+on one thread. A regular file is opened O_NONBLOCK (cleared afterwards unless the target
+asked for it), so that a file lease someone holds (the target itself, even) is answered
+EWOULDBLOCK at once, the lease break started, instead of waiting lease-break-time where
+the kernel would make the target's own open wait (the native plane waits, on the
+target's own thread). The mount_fd memo keeps only fds on the share's filesystem, whose
+last close cannot linger (a socket's can, with SO_LINGER).
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
     if len(raw) < 8 + header.handle_bytes:
         raise SyscallError(errno.EFAULT)
     f_handle = raw[8 : 8 + header.handle_bytes]
-    mount_dev = _mount_fd_device(ctx, mount_fd)
+    mount_dev = _mount_fd_device(ctx, mount_fd, ctx.share.dev)
 
     if ctx.signing:
         kernel_bytes = ctx.keys.verify(ctx.share.share_id, header.handle_type, f_handle)
@@ -97,8 +105,11 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
     return Injected(fd)
 
 
-def _mount_fd_device(ctx: CallContext, mount_fd: int) -> int:
-    """EBADF as the kernel gives it (bad fd, or an O_PATH fd), else the fd's st_dev."""
+def _mount_fd_device(ctx: CallContext, mount_fd: int, share_dev: int) -> int:
+    """EBADF as the kernel gives it (bad fd, or an O_PATH fd), else the fd's st_dev. Our
+    duplicate is remembered only if it is on the share's filesystem: any other (a socket
+    with SO_LINGER) could make our later close of it, the last one once the target closed
+    its copy, wait on the thread that answers every target."""
     # Only an errno depends on it; ADDFD validates the notification before the fd lands.
     if mount_fd == kernel.AT_FDCWD:
         fd = ctx.thread.open_cwd()
@@ -117,8 +128,8 @@ def _mount_fd_device(ctx: CallContext, mount_fd: int) -> int:
     except BaseException:
         os.close(fd)
         raise
-    if not ctx.thread.remember_mount_fd(mount_fd, fd, dev):
-        os.close(fd)
+    if dev != share_dev or not ctx.thread.remember_mount_fd(mount_fd, fd, dev):
+        os.close(fd)  # the target still holds its copy: not the last close
     return dev
 
 
@@ -131,10 +142,11 @@ def _reopen_as_target(ctx: CallContext, obj: int, flags: int, is_dir: bool) -> i
     else:
         attempts = [(flags & ~_STRIP) | os.O_NOCTTY]
     first_error = 0  # the answer is the first attempt's error (O_RDONLY for O_PATH)
+    keep_nonblock = bool(flags & os.O_NONBLOCK) and not flags & kernel.O_PATH
     with acting_as(creds, reopen_only=True):
         for attempt in attempts:
             try:
-                return linux.reopen(obj, attempt | os.O_CLOEXEC)
+                return _reopen_without_waiting(obj, attempt, is_dir, keep_nonblock)
             except OSError as exc:
                 first_error = first_error or exc.errno or errno.EACCES
     if flags & kernel.O_PATH and first_error == errno.EACCES and _chmod_would_succeed(
@@ -142,11 +154,27 @@ def _reopen_as_target(ctx: CallContext, obj: int, flags: int, is_dir: bool) -> i
         # The target could chmod itself read access right now and then open it, so a
         # read-only fd grants it nothing new; opened by fhmon (CAP_DAC_READ_SEARCH passes
         # the read check), after _chmod_would_succeed asked the open file once more.
-        fd = linux.reopen(obj, attempts[0] | os.O_CLOEXEC)
+        fd = _reopen_without_waiting(obj, attempts[0], is_dir, keep_nonblock=False)
         if _chmod_would_succeed(fd, creds.fsuid):
             return fd
         os.close(fd)
     raise SyscallError(first_error)
+
+
+def _reopen_without_waiting(obj: int, flags: int, is_dir: bool, keep_nonblock: bool) -> int:
+    """linux.reopen, O_NONBLOCK for a regular file so that a lease on it is answered
+    EWOULDBLOCK instead of waited for (see the module's docstring); the flag is cleared
+    again unless the target asked for it."""
+    if is_dir:
+        return linux.reopen(obj, flags | os.O_CLOEXEC)
+    fd = linux.reopen(obj, flags | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not keep_nonblock:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
 
 
 def _chmod_would_succeed(fd: int, fsuid: int) -> bool:
