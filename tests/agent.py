@@ -319,8 +319,10 @@ def storm(cmd):
     """name_to_handle_at(AT_FDCWD, path) on `threads` threads in the tightest loop this
     program can make (buffers built once, nothing read back), `calls` per thread: a
     caller that spends as little as it can between calls, so that it presses fhmon, not
-    the CPUs. Returns errno counts."""
+    the CPUs; `flags` are the call's (AT_SYMLINK_FOLLOW to follow a final symlink).
+    Returns errno counts."""
     raw_path = cmd["path"].encode() + b"\0"
+    flags = cmd.get("flags", 0)
     counts = {}
     lock = threading.Lock()
     call = libc.syscall
@@ -332,7 +334,7 @@ def storm(cmd):
         mine = {}
         for _ in range(cmd["calls"]):
             ctypes.memmove(handle, b"\x80\0\0\0", 4)  # handle_bytes = 128
-            r = call(SYS_N2H, -100, path, handle, mnt, 0)
+            r = call(SYS_N2H, -100, path, handle, mnt, flags)
             err = ctypes.get_errno() if r < 0 else 0
             mine[err] = mine.get(err, 0) + 1
         with lock:
