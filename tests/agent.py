@@ -162,6 +162,7 @@ def describe_fd(fd):
             "type": "dir" if stat.S_ISDIR(st.st_mode) else "reg" if stat.S_ISREG(st.st_mode)
             else "other", "accmode": fl & 3, "o_path": bool(fl & os.O_PATH),
             "cloexec": bool(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC),
+            "nonblock": bool(fl & os.O_NONBLOCK), "append": bool(fl & os.O_APPEND),
             "path": fd_path_or_error(fd)}
     if stat.S_ISREG(st.st_mode) and fl & 3 != 1 and not fl & os.O_PATH:
         try:

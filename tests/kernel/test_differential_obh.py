@@ -115,7 +115,8 @@ def test_open_permissions_are_the_targets_own(trio_of_agents: tuple[Agent, Agent
     context = f"oracle={oracle} fhmon={got}"
     assert got["errno"] == oracle["errno"], context
     if oracle["errno"] == 0:
-        for key in ("dev", "ino", "type", "accmode", "cloexec", "o_path"):
+        for key in ("dev", "ino", "type", "accmode", "cloexec", "o_path", "nonblock",
+                    "append"):
             assert got[key] == oracle[key], f"{key}: {context}"
         assert got.get("head") == oracle.get("head"), context
     after = (world.main / path).stat()
