@@ -59,14 +59,18 @@ class DispatchThread:
         self._targets: dict[int, tuple[Target, Callable[[], None], int]] = {}
         self._added = 0
         self._busy = threading.Lock()  # held while the thread works on events
+        # add() takes only this one: a registration must not wait for the call in progress
+        # (a target can make one take seconds); a listener added during a batch is told
+        # apart by its _added count (see _serve)
+        self._adding = threading.Lock()
         self._stopping = False
 
     def add(self, target: Target, hung_up: Callable[[], None]) -> None:
         """Serve target's listener; hung_up runs (on the thread) once its filter has no task."""
         fd = target.listener.fd
-        with self._busy:
+        with self._adding:
+            self._targets[fd] = (target, hung_up, self._added + 1)
             self._added += 1
-            self._targets[fd] = (target, hung_up, self._added)
             # EPOLLEXCLUSIVE: with worker processes, every worker waits on every listener;
             # a call then wakes one of them, not all (measured: the others' wasted wake-ups
             # cost more CPU per call than the call itself at one caller).
@@ -98,7 +102,7 @@ class DispatchThread:
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         mark_signals_blocked()
         while not self._stopping:
-            added_before_wait = self._added  # add() runs under _busy, never during a batch
+            added_before_wait = self._added  # a listener added later is polled first
             events = self._epoll.poll()
             with self._busy:
                 for fd, mask in events:

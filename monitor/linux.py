@@ -212,9 +212,24 @@ def open_by_handle_at(mount_fd: int, handle_type: int, f_handle: bytes, flags: i
     return _check(_syscall(SYS_OPEN_BY_HANDLE_AT, mount_fd, raw, flags))
 
 
+# The one call here whose cost a target chooses: the walk of its path, which a target can
+# make take seconds (symlink chains climbing thousands of mounts it stacked in its own
+# namespace). It goes through CDLL, which releases the GIL for the syscall (and keeps errno
+# per thread), so that such a walk holds only the thread that makes it, never every
+# thread of fhmon (the intake, `fhmon probe`, the native plane's fallbacks).
+_libc_releasing = ctypes.CDLL(None, use_errno=True)
+_syscall_releasing = _libc_releasing.syscall
+_syscall_releasing.restype = ctypes.c_long
+
+
 def openat2(dirfd: int, path: bytes, flags: int, resolve: int, mode: int = 0) -> int:
     how = _OPEN_HOW.pack(flags & 0xFFFFFFFFFFFFFFFF, mode, resolve)
-    return _check(_syscall(SYS_OPENAT2, dirfd, path, how, _OPEN_HOW.size))
+    fd = _syscall_releasing(ctypes.c_long(SYS_OPENAT2), ctypes.c_long(dirfd), path, how,
+                            ctypes.c_long(_OPEN_HOW.size))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(fd)
 
 
 def mount_id(fd: int) -> int:

@@ -53,7 +53,8 @@ LEASE_SYSCTL = Path("/proc/sys/fs/lease-break-time")
 
 PYTHON_ONE_THREAD = (
     "BUG: the python plane answers every target on its one dispatch thread: while it "
-    "performs a call that {what}, every other target's call waits")
+    "performs a call that {what}, every other target's call waits (registrations and "
+    "fhmon probe are answered)")
 PYTHON_FIX = ("use the native plane (data_plane = \"native\", the default), whose threads "
               "are per target; the python plane is the readable reference and cannot "
               "isolate a call it performs")
@@ -144,8 +145,14 @@ class Everyone:
             return looked == 0 and opened["errno"] == 0 and bytes.fromhex(
                 opened.get("head", "")) == b"inner file\n"
 
-        def register() -> bool:
-            return self.launch().call("n2h", path="file")["errno"] == 0
+        newcomer: list[Agent] = []
+
+        def register() -> bool:  # the target starts once fhmon accepted its listener
+            newcomer.append(self.launch())
+            return True
+
+        def newcomers_lookup() -> bool:
+            return bool(newcomer) and newcomer[0].call("n2h", path="file")["errno"] == 0
 
         def probe() -> bool:
             return subprocess.run([FHMON, "probe", "--socket", self.service.socket],
@@ -154,7 +161,8 @@ class Everyone:
         ok = True
         parts = []
         for name, call in (("neighbour's lookup and open", neighbour),
-                           ("new registration and its lookup", register),
+                           ("new registration", register),
+                           ("the new target's lookup", newcomers_lookup),
                            ("fhmon probe", probe)):
             got = within(LIVENESS, call)
             if got is None:
