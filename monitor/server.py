@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from monitor import fdpass, linux, log
+from monitor import linux, log
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.check import socket_dir_problem
 from monitor.config import Config
@@ -34,7 +34,8 @@ from monitor.dataplane import DataPlane, make_data_plane
 from monitor.fdpass import close_quietly
 from monitor.handlers.registry import Dispatcher
 from monitor.hardening import lock_down
-from monitor.intake import Intake, recv_with_fds
+from monitor.intake import Intake
+from monitor.keeper_client import KeeperClient
 from monitor.linux import kcmp_same_file
 from monitor.listener import Listener, is_seccomp_listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
@@ -43,7 +44,6 @@ from monitor.prom import Metrics
 from monitor.signing import KeyDirError, KeyRing
 from monitor.target import Credentials, read_status
 from monitor.worker import WorkerProcess, WorkerStartError
-from protocol import keeper as keeper_wire
 from protocol import native, oci
 from protocol import worker as worker_wire
 
@@ -62,10 +62,10 @@ class Service:
         self.stats = CallStats()
         self.targets: dict[int, Target] = {}
         self._ids = itertools.count(1)
-        self._keeper_dirty = trio.Event()  # set when a target for the keeper registers
-        self._ever_deposited: set[int] = set()  # target ids the keeper took at least once
-        self._failed_deposits: set[int] = set()  # ... and those counted as failed deposits
         self.metrics = Metrics(self)
+        self.keeper = (KeeperClient(config.keeper_socket, self.metrics,
+                                    lambda: self.targets.values())
+                       if config.keeper_socket else None)
         self.dispatcher = Dispatcher([metrics_middleware(self.stats),
                                       audit_middleware(self.stats)])
         self._answer = Answerer(self.dispatcher, lambda: self.keys, config.signing)
@@ -227,9 +227,9 @@ class Service:
                         raise MetricsAddressError(
                             f"metrics address {self.config.metrics_address} (--metrics-address)"
                             f": {exc.strerror or exc}") from None
-                if self.config.keeper_socket:
+                if self.keeper is not None:
                     await self.restore_from_keeper(nursery)
-                    nursery.start_soon(self._sync_keeper)
+                    nursery.start_soon(self.keeper.sync)
                 log.event("serving", socket=self.config.socket, key_dir=self.config.key_dir,
                           allow=self.config.allow, keys=[f"{k:08x}" for k in self.keys.key_ids],
                           signer=f"{self.keys.signer:08x}", pid=os.getpid())
@@ -306,8 +306,8 @@ class Service:
             share = oci.share_from_metadata(state.metadata)
             listener_fd = fds.pop(state.seccomp_fd_index)
             self._register(listener_fd, state.pid, share, peer, "oci", nursery)
-            if self.config.keeper_socket:
-                self._keeper_dirty.set()  # _sync_keeper deposits it
+            if self.keeper is not None:
+                self.keeper.target_added()  # KeeperClient.sync deposits it
         except oci.OciStateError as exc:
             self._refused(peer, str(exc))
         except RegistrationRefused as exc:
@@ -390,111 +390,14 @@ class Service:
                 return other
         return None
 
-    # --- the keeper (listeners that must outlive this process) ------------------------------
-    def _keeper_record(self, target: Target) -> dict[str, Any]:
-        return {"pid": target.pid, "share": target.share.target_path, "uid": target.peer.uid,
-                "gid": target.peer.gid, "convention": target.convention,
-                "share_id": target.share.share_id.hex()}
-
-    async def _sync_keeper(self) -> None:
-        """Keep every OCI target's listener deposited with the keeper, whatever order the
-        two restart in: one connection for as long as the keeper lives; on it, each such
-        target is deposited once (the keeper ignores a listener it holds already). When
-        the keeper goes away (EOF), connect again with backoff and deposit them all
-        again: a keeper that restarted holds nothing, and a deposit that failed is
-        retried. So a listener is lost only if fhmon and the keeper are down together."""
-        delay, outage = 0.05, False
-        while True:
-            try:
-                deposited = await self._keeper_session()
-            except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                self._count_failed_deposits()
-                if not outage:
-                    log.event("keeper_unreachable", logging.WARNING,
-                              keeper=self.config.keeper_socket, error=str(exc),
-                              hint="listeners are deposited once it is back")
-                outage = True
-            else:
-                log.event("keeper_lost", logging.WARNING, keeper=self.config.keeper_socket,
-                          deposited=deposited, hint="depositing again once it is back")
-                outage, delay = True, 0.05
-            await trio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-    def _count_failed_deposits(self) -> None:
-        """fhmon_keeper_deposits_total{outcome="failed"}: once for each target whose
-        listener could not be handed to the keeper at all yet (it is retried until the
-        keeper is back); a target already deposited once is not counted again when a
-        keeper dies (keeper_lost says that)."""
-        for target in self.targets.values():
-            if (target.convention == "oci" and target.target_id not in self._ever_deposited
-                    and target.target_id not in self._failed_deposits):
-                self._failed_deposits.add(target.target_id)
-                self.metrics.count_deposit("failed")
-
-    async def _keeper_session(self) -> int:
-        """One connection to the keeper, until it closes; returns how many deposits."""
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        with sock:
-            with trio.fail_after(5):
-                await sock.connect(self.config.keeper_socket)
-            deposited: set[int] = set()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_eof, sock, nursery.cancel_scope)
-                first = True
-                while True:
-                    self._keeper_dirty = trio.Event()  # before the scan: nothing is missed
-                    for target in list(self.targets.values()):
-                        if target.convention != "oci" or target.target_id in deposited:
-                            continue
-                        frame = keeper_wire.encode({"op": "deposit",
-                                                    "target": self._keeper_record(target)})
-                        with trio.fail_after(5):
-                            await sock.sendmsg([frame], fdpass.rights([target.listener.fd]))
-                        deposited.add(target.target_id)
-                        self._ever_deposited.add(target.target_id)
-                        self.metrics.count_deposit("ok")
-                        log.event("deposited", target=target.target_id,
-                                  keeper=self.config.keeper_socket)
-                    if first:
-                        log.event("keeper_synced", keeper=self.config.keeper_socket,
-                                  deposited=len(deposited))
-                        first = False
-                    await self._keeper_dirty.wait()
-        return len(deposited)
-
+    # --- the keeper (listeners that must outlive this process: monitor/keeper_client.py) ----
     async def restore_from_keeper(self, nursery: trio.Nursery) -> int:
         """Withdraw every listener the keeper holds; restart their stuck calls; serve them."""
         from monitor.launcher import restart_stuck_calls
 
+        assert self.keeper is not None
         restored = 0
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        entries: list[tuple[int, dict[str, Any]]] = []
-        with sock:
-            try:
-                with trio.fail_after(10):
-                    await sock.connect(self.config.keeper_socket)
-                    await sock.send(keeper_wire.encode({"op": "withdraw"}))
-                    decoder = keeper_wire.Decoder()
-                    fds: list[int] = []
-                    done = False
-                    while not done:
-                        data, fds = await recv_with_fds(sock, fds)
-                        if not data:
-                            break
-                        decoder.feed(data)
-                        while (message := decoder.next_message()) is not None:
-                            if message["op"] == "listener" and fds:
-                                record = dict(message.get("target", {}))
-                                record["_restarted"] = message.get("restarted") is True
-                                entries.append((fds.pop(0), record))
-                            elif message["op"] == "end":
-                                done = True
-                    for fd in fds:
-                        close_quietly(fd)
-            except (OSError, trio.TooSlowError, keeper_wire.KeeperProtocolError) as exc:
-                log.event("keeper_unreachable", logging.WARNING, keeper=self.config.keeper_socket,
-                          error=str(exc))
+        entries = await self.keeper.withdraw()
         for fd, record in entries:
             pid, uid, gid = (int(record.get(key, 0)) for key in ("pid", "uid", "gid"))
             if not record.get("_restarted"):  # a keeper without pidfds (older version)
@@ -606,8 +509,8 @@ class Service:
     def _release(self, target: Target) -> None:
         """Forget a target whose filter has no task left (or that we stop serving)."""
         del self.targets[target.target_id]
-        self._ever_deposited.discard(target.target_id)
-        self._failed_deposits.discard(target.target_id)
+        if self.keeper is not None:
+            self.keeper.forget(target.target_id)
         target.close()
         log.event("target_gone", target=target.target_id, pid=target.pid, calls=target.calls)
 
@@ -665,16 +568,6 @@ class Service:
 
 
 # --- small I/O helpers ------------------------------------------------------------------
-
-async def _cancel_on_eof(sock: trio.socket.SocketType, scope: trio.CancelScope) -> None:
-    """The peer sends nothing: any byte or EOF (or error) ends the session."""
-    try:
-        while await sock.recv(4096):
-            pass
-    except OSError:
-        pass
-    scope.cancel()
-
 
 async def _stop_on_cancel(stop: Callable[[], None]) -> None:
     try:
