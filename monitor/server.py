@@ -16,8 +16,6 @@ import logging
 import os
 import resource
 import signal
-import socket
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -25,9 +23,8 @@ from typing import Any
 
 import trio
 
-from monitor import linux, log
+from monitor import log
 from monitor.calls import Answerer, PeerCred, Target
-from monitor.check import socket_dir_problem
 from monitor.config import Config
 from monitor.credentials import acting_as
 from monitor.dataplane import DataPlane, make_data_plane
@@ -35,6 +32,7 @@ from monitor.fdpass import close_quietly
 from monitor.handlers.registry import Dispatcher
 from monitor.hardening import lock_down
 from monitor.intake import Intake
+from monitor.intake_socket import open_intake_socket
 from monitor.keeper_client import KeeperClient
 from monitor.linux import kcmp_same_file
 from monitor.listener import Listener, is_seccomp_listener
@@ -71,9 +69,7 @@ class Service:
         self._answer = Answerer(self.dispatcher, lambda: self.keys, config.signing)
         self.started = time.time()
         self.key_error: str | None = None
-        self.activated = False  # the socket came from systemd: leave it in place
         self.intake = Intake(config, self)
-        self.created_socket_dir: str | None = None
         self._dispatch: DataPlane | None = None
         self._workers: list[WorkerProcess] = []
 
@@ -124,69 +120,11 @@ class Service:
         except OSError:
             return ()
 
-    # --- the socket -------------------------------------------------------------------
-    def _activated_socket(self) -> trio.socket.SocketType | None:
-        """A listening socket handed over by systemd (LISTEN_FDS=1, fd 3), if any.
-
-        systemd keeps it across fhmon restarts, so clients' connects queue instead of
-        failing while fhmon starts again.
-        """
-        if os.environ.get("LISTEN_PID") != str(os.getpid()):
-            return None
-        if os.environ.get("LISTEN_FDS") != "1":
-            raise RegistrationRefused("socket activation: fhmon takes exactly one socket "
-                                      f"(LISTEN_FDS={os.environ.get('LISTEN_FDS')})")
-        for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
-            os.environ.pop(name, None)
-        raw = socket.socket(fileno=3)
-        if raw.family != socket.AF_UNIX or raw.type != socket.SOCK_STREAM:
-            raise RegistrationRefused("socket activation: fd 3 is not a unix stream socket")
-        raw.set_inheritable(False)
-        self.activated = True
-        log.event("socket_activated", socket=raw.getsockname())
-        return trio.socket.from_stdlib_socket(raw)
-
-    def prepare_socket(self) -> trio.socket.SocketType:
-        activated = self._activated_socket()
-        if activated is not None:
-            return activated
-        path = self.config.socket
-        directory = os.path.dirname(path) or "."
-        if not os.path.isdir(directory):
-            self.created_socket_dir = directory  # removed again when fhmon stops
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        problem = socket_dir_problem(directory)
-        if problem is not None:
-            raise RegistrationRefused(f"{problem}; refusing to serve from it")
-        try:
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                os.unlink(path)
-        except FileNotFoundError:
-            pass
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        old_umask = os.umask(0o177)  # the socket is born 0600; chmod widens it if configured
-        # Born with its group, too: a new inode takes the creator's fsgid, so socket_group
-        # needs CAP_SETGID (kept anyway), not CAP_CHOWN, which the DaemonSet does not grant.
-        old_fsgid = (linux.setfsgid(self.config.socket_group)
-                     if self.config.socket_group is not None else None)
-        try:
-            raw.bind(path)
-        finally:
-            os.umask(old_umask)
-            if old_fsgid is not None:
-                linux.setfsgid(old_fsgid)
-        sock = trio.socket.from_stdlib_socket(raw)
-        os.chown(path, self.config.socket_owner if self.config.socket_owner is not None else -1,
-                 self.config.socket_group if self.config.socket_group is not None else -1)
-        os.chmod(path, self.config.socket_mode)
-        sock.listen(128)
-        return sock
-
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         _raise_fd_limit()
         if self.config.recv_thread:
             signal.signal(_WAKE, lambda *_: None)  # interrupt RECV without killing us
-        sock = self.prepare_socket()
+        intake_socket = open_intake_socket(self.config)
         try:
             # Before the sandbox: it allows no execve.
             if self.config.workers:
@@ -234,21 +172,15 @@ class Service:
                           allow=self.config.allow, keys=[f"{k:08x}" for k in self.keys.key_ids],
                           signer=f"{self.keys.signer:08x}", pid=os.getpid())
                 task_status.started()
-                await self.intake.serve(sock, nursery)
+                await self.intake.serve(intake_socket.sock, nursery)
         finally:
-            sock.close()
+            intake_socket.close()
             for worker in self._workers:
                 await worker.stop()
             self._workers.clear()
             if self._dispatch is not None:
                 self._dispatch.close()
                 self._dispatch = None
-            if not self.activated:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.config.socket)
-                if self.created_socket_dir is not None:
-                    with contextlib.suppress(OSError):  # only if empty
-                        os.rmdir(self.created_socket_dir)
             log.event("shutdown", counters=self.stats.as_dict(),
                       refusals=dict(self.stats.refusals),
                       registrations=dict(self.stats.registrations),
