@@ -594,7 +594,7 @@ impl Plane {
         n: &Notification,
         name: &[u8],
     ) -> Result<OwnedFd, Outcome> {
-        let fd = sys::open_proc_link(n.pid, name).map_err(|_| Outcome::Gone)?;
+        let fd = sys::open_proc_link(n.pid, name).map_err(|e| resource_or_gone(target, n, e))?;
         if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
             return Err(Outcome::Gone);
         }
@@ -644,9 +644,8 @@ impl Plane {
             sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD).ok()
         };
         let mut buf = [0u8; 8192];
-        let Ok(len) = sys::read_proc_status(n.pid, &mut buf) else {
-            return Err(Outcome::Gone);
-        };
+        let len =
+            sys::read_proc_status(n.pid, &mut buf).map_err(|e| resource_or_gone(target, n, e))?;
         if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
             return Err(Outcome::Gone);
         }
@@ -808,7 +807,8 @@ impl Plane {
     /// st_dev of the target's mount_fd (or of its cwd for AT_FDCWD).
     fn mount_fd_device(&self, target: &Target, n: &Notification, fd: i32) -> Result<u64, Outcome> {
         let ours = if fd == abi::AT_FDCWD {
-            let cwd = sys::open_proc_link(n.pid, b"cwd").map_err(|_| Outcome::Gone)?;
+            let cwd =
+                sys::open_proc_link(n.pid, b"cwd").map_err(|e| resource_or_gone(target, n, e))?;
             if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
                 return Err(Outcome::Gone);
             }
@@ -910,7 +910,7 @@ impl Plane {
         let pidfd = match sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD) {
             Ok(p) => p,
             Err(libc::EINVAL) => return Err(Outcome::Defer), // a kernel before 6.9
-            Err(_) => return Err(Outcome::Gone),
+            Err(e) => return Err(resource_or_gone(target, n, e)),
         };
         let ours = sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| getfd_error(target, n, e))?;
         remember(&mut cache, n.pid, pidfd, None);
@@ -968,8 +968,27 @@ fn getfd_error(target: &Target, n: &Notification, e: Errno) -> Outcome {
     if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
         return Outcome::Gone;
     }
-    if e == libc::EBADF {
-        err(libc::EBADF)
+    if e == libc::EBADF || is_resource_errno(e) {
+        err(e)
+    } else {
+        Outcome::Gone
+    }
+}
+
+/// Out of fds or memory in fhmon (EMFILE, ENFILE, ENOMEM): the kernel's own answer in that
+/// state, as the reference's RESOURCE_ERRNOS (monitor/target.py).
+fn is_resource_errno(e: Errno) -> bool {
+    matches!(e, libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+}
+
+/// A failed pidfd_open, /proc open or /proc read: out of fds or memory is answered while
+/// the call still waits (never "the caller went away", which answers nothing and leaves
+/// the target waiting for good); any other failure means the caller is gone.
+fn resource_or_gone(target: &Target, n: &Notification, e: Errno) -> Outcome {
+    if is_resource_errno(e)
+        && matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true))
+    {
+        err(e)
     } else {
         Outcome::Gone
     }
