@@ -50,12 +50,19 @@ class DataPlane(Protocol):
     def stop(self) -> None: ...
     def close(self) -> None: ...
 
+    def flush(self) -> None:
+        """Counters, latency buckets and refusals of the calls answered so far into CallStats
+        and the audit log now (status and scrapes call it, so that they see every answer)."""
+
 
 class PythonDataPlane(DispatchThread):
     """Today's path: the dispatch thread (the Answerer reads the current keys per call)."""
 
     def set_keys(self, keys: KeyRing) -> None:
         pass
+
+    def flush(self) -> None:
+        pass  # the middleware counts each call into CallStats as it is answered
 
 
 class NativeDataPlane:
@@ -101,6 +108,7 @@ class NativeDataPlane:
 
     def remove(self, target: Target) -> None:
         self._plane.remove(target.target_id)
+        self.flush()  # its last refusals are audited while its share is still known
         with self._lock:
             self._targets.pop(target.target_id, None)
 
