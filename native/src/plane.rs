@@ -918,10 +918,13 @@ impl Plane {
     }
 }
 
+/// Cache a thread's pidfd. A full cache takes no new entry (the pidfd is closed when it
+/// drops): it never probes its entries on a put, which made every call of a target with
+/// thousands of threads cost a pidfd_alive per cached thread (issue 17's item 7, as the
+/// reference's ThreadCache.put); the once-a-second sweep makes room when threads exit.
 fn remember(cache: &mut Vec<ThreadEntry>, tid: u32, pidfd: OwnedFd, frozen: Option<Arc<Status>>) {
-    cache.retain(|e| e.tid != tid);
-    if cache.len() >= PIDFD_CACHE {
-        cache.retain(|e| sys::pidfd_alive(e.pidfd.as_fd()));
+    if let Some(i) = cache.iter().position(|e| e.tid == tid) {
+        cache.swap_remove(i);
     }
     if cache.len() < PIDFD_CACHE {
         cache.push(ThreadEntry { tid, pidfd, frozen });
