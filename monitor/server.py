@@ -40,6 +40,7 @@ from monitor.metrics import CallStats, audit_middleware, metrics_middleware
 from monitor.policy import RegistrationRefused, Share, pin_share
 from monitor.prom import Metrics
 from monitor.signing import KeyDirError, KeyRing
+from monitor.stuck_calls import restart_stuck_calls_of
 from monitor.target import Credentials, read_status
 from monitor.worker import WorkerProcess, WorkerStartError
 from protocol import native, oci
@@ -325,15 +326,15 @@ class Service:
     # --- the keeper (listeners that must outlive this process: monitor/keeper_client.py) ----
     async def restore_from_keeper(self, nursery: trio.Nursery) -> int:
         """Withdraw every listener the keeper holds; restart their stuck calls; serve them."""
-        from monitor.launcher import restart_stuck_calls
-
         assert self.keeper is not None
         restored = 0
         entries = await self.keeper.withdraw()
         for fd, record in entries:
             pid, uid, gid = (int(record.get(key, 0)) for key in ("pid", "uid", "gid"))
             if not record.get("_restarted"):  # a keeper without pidfds (older version)
-                await restart_stuck_calls(pid)  # nobody answers them yet: a clean restart
+                # nobody answers them yet: a clean restart (best effort by pid: such a
+                # keeper kept no pidfd of the target)
+                await restart_stuck_calls_of(pid)
             # the client that registered it is gone: its recorded ids stand in for it
             creds = Credentials(uid, gid, (), -1 if uid == 0 else 0)
             try:
