@@ -93,7 +93,7 @@ class NativeDataPlane:
         try:
             self._plane.add(target.target_id, target.listener.fd, target.peer.uid,
                             share.share_id, share.dir_fd, share.path_fd, share.mount_id,
-                            share.dev, share.is_mount_root)
+                            share.dev, share.ino, share.whole_fs)
         except BaseException:
             with self._lock:
                 del self._targets[target.target_id]
