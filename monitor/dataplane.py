@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from monitor import log
 from monitor.dispatch_thread import DispatchThread
-from monitor.metrics import LATENCY_BUCKETS, CallStats
+from monitor.metrics import LATENCY_BUCKETS, CallStats, refusal_code
 from protocol import kernel
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ class NativeDataPlane:
     def flush(self) -> None:
         """The native counts into CallStats, the native refusals into the audit log."""
         results, seconds, buckets, refusals = self._plane.take_stats()
-        if results:
+        if results or refusals:  # a refusal is counted before its call's result
             self._stats.merge(
                 {(syscall, _result_name(code)): n for syscall, code, n in results},
                 dict(seconds), dict(refusals), {s: list(c) for s, c in buckets})
@@ -132,7 +132,7 @@ class NativeDataPlane:
             with self._lock:
                 entry = self._targets.get(target_id)
             log.audit("call_refused", syscall=syscall, errno=_result_name(err), reason=reason,
-                      tid=tid, tgid=tgid,
+                      code=refusal_code(reason), tid=tid, tgid=tgid,
                       share=entry[0].share.host_path if entry else None, target=target_id)
         if dropped:
             log.event("audit_dropped", logging.WARNING, refusals=dropped)
