@@ -162,6 +162,16 @@ fn err(errno: i32) -> Outcome {
     Outcome::Error(errno, None)
 }
 
+/// A syscall about the calling thread failed: fhmon out of fds or memory answers that
+/// errno, as the reference does (monitor/target.py RESOURCE_ERRNOS); anything else means
+/// the thread went away.
+fn lost(errno: Errno) -> Outcome {
+    match errno {
+        libc::EMFILE | libc::ENFILE | libc::ENOMEM => err(errno),
+        _ => Outcome::Gone,
+    }
+}
+
 impl Plane {
     pub fn new(config: Config, fallback: Box<Fallback>, hang_up: Box<HangUp>) -> Arc<Plane> {
         let _ = sys::install_wake_handler();
@@ -602,7 +612,7 @@ impl Plane {
         n: &Notification,
         name: &[u8],
     ) -> Result<OwnedFd, Outcome> {
-        let fd = sys::open_proc_link(n.pid, name).map_err(|_| Outcome::Gone)?;
+        let fd = sys::open_proc_link(n.pid, name).map_err(lost)?;
         if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
             return Err(Outcome::Gone);
         }
@@ -652,9 +662,7 @@ impl Plane {
             sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD).ok()
         };
         let mut buf = [0u8; 8192];
-        let Ok(len) = sys::read_proc_status(n.pid, &mut buf) else {
-            return Err(Outcome::Gone);
-        };
+        let len = sys::read_proc_status(n.pid, &mut buf).map_err(lost)?;
         if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
             return Err(Outcome::Gone);
         }
@@ -812,7 +820,7 @@ impl Plane {
     /// st_dev of the target's mount_fd (or of its cwd for AT_FDCWD).
     fn mount_fd_device(&self, target: &Target, n: &Notification, fd: i32) -> Result<u64, Outcome> {
         let ours = if fd == abi::AT_FDCWD {
-            let cwd = sys::open_proc_link(n.pid, b"cwd").map_err(|_| Outcome::Gone)?;
+            let cwd = sys::open_proc_link(n.pid, b"cwd").map_err(lost)?;
             if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
                 return Err(Outcome::Gone);
             }
@@ -919,7 +927,7 @@ impl Plane {
         let pidfd = match sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD) {
             Ok(p) => p,
             Err(libc::EINVAL) => return Err(Outcome::Defer), // a kernel before 6.9
-            Err(_) => return Err(Outcome::Gone),
+            Err(e) => return Err(lost(e)),
         };
         let ours = sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| getfd_error(target, n, e))?;
         remember(&mut cache, n.pid, pidfd, None);
@@ -980,7 +988,7 @@ fn getfd_error(target: &Target, n: &Notification, e: Errno) -> Outcome {
     if e == libc::EBADF {
         err(libc::EBADF)
     } else {
-        Outcome::Gone
+        lost(e)
     }
 }
 
