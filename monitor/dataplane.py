@@ -100,7 +100,7 @@ class NativeDataPlane:
         try:
             self._plane.add(target.target_id, target.listener.fd, target.peer.uid,
                             share.share_id, share.dir_fd, share.path_fd, share.mount_id,
-                            share.dev, share.is_mount_root)
+                            share.dev, share.ino, share.whole_fs)
         except BaseException:
             with self._lock:
                 del self._targets[target.target_id]
@@ -131,7 +131,7 @@ class NativeDataPlane:
     def flush(self) -> None:
         """The native counts into CallStats, the native refusals into the audit log."""
         results, seconds, buckets, refusals = self._plane.take_stats()
-        if results:
+        if results or refusals:  # a refusal is counted before its call's result
             self._stats.merge(
                 {(syscall, _result_name(code)): n for syscall, code, n in results},
                 dict(seconds), dict(refusals), {s: list(c) for s, c in buckets})

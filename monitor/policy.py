@@ -299,8 +299,18 @@ def _file_inside(share: Share, obj_fd: int) -> bool:
     try:
         path, root = fd_path(obj_fd), share.current_path()
     except OSError as exc:
-        raise SyscallError(errno.EOPNOTSUPP, f"file's place cannot be checked ({exc})") from None
+        # the errno's text only (no fd number): the audit reason is the same words on both
+        # data planes (native/src/policy.rs unverifiable) and one metrics label
+        known = exc.errno if exc.errno in _UNVERIFIABLE_ERRNOS else errno.EIO
+        raise SyscallError(errno.EOPNOTSUPP, "file's place cannot be checked "
+                           f"({os.strerror(known)})") from None
     return is_below(_strip_deleted(path), root)
+
+
+# the errnos whose text a "file's place cannot be checked" reason names (others: EIO's);
+# native/src/policy.rs unverifiable has the same table
+_UNVERIFIABLE_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOENT, errno.EMFILE,
+                                  errno.ENFILE, errno.ENOMEM, errno.EACCES})
 
 
 # generic exportfs layouts (include/linux/exportfs.h): type of a file-with-parent handle ->

@@ -22,7 +22,7 @@ use crate::abi::{self, Notification};
 use crate::creds::{ActingAs, Baseline};
 use crate::handle::{self, MAX_HANDLE_SZ, MAX_KERNEL_HANDLE_SIZE};
 use crate::mac::{KeyRing, ShareId};
-use crate::policy::{self, PATH_MAX, Paths, ShareFacts};
+use crate::policy::{self, PATH_MAX, ShareFacts, ShareRoot};
 use crate::status::Status;
 use crate::sys::{self, Errno};
 
@@ -57,11 +57,21 @@ pub struct Config {
 }
 
 pub struct Share {
+    /// signing.share_id_from_handle of the root, computed by Python at registration
     pub share_id: ShareId,
-    pub dev: u64,
     pub dir_fd: OwnedFd,
     pub path_fd: OwnedFd,
     pub facts: ShareFacts,
+}
+
+impl Share {
+    fn root(&self) -> ShareRoot<'_> {
+        ShareRoot {
+            facts: &self.facts,
+            path_fd: self.path_fd.as_fd(),
+            dir_fd: self.dir_fd.as_fd(),
+        }
+    }
 }
 
 /// A refusal for the audit log, as monitor/metrics.py audit_middleware writes it.
@@ -428,12 +438,10 @@ impl Plane {
         let Ok((mode, obj_mount)) = sys::statx_mode_mount(obj.as_fd()) else {
             return err(libc::EIO);
         };
-        let mut paths = FdPaths {
-            obj: obj.as_fd(),
-            share: target.share.path_fd.as_fd(),
-        };
-        if let Err(refusal) = policy::check_resolved(&target.share.facts, obj_mount, &mut paths) {
-            return Outcome::Error(refusal.errno, Some(refusal.reason));
+        if let Err(refusal) =
+            policy::check_resolved(&target.share.root(), obj.as_fd(), mode, obj_mount)
+        {
+            return Outcome::Error(refusal.errno, refusal.reason);
         }
         let passthrough = flags & (abi::AT_HANDLE_FID | abi::AT_HANDLE_MNT_ID_UNIQUE);
         let mut kernel_bytes = [0u8; MAX_HANDLE_SZ];
@@ -742,7 +750,7 @@ impl Plane {
             copy[..f_handle.len()].copy_from_slice(f_handle);
             (copy, f_handle.len())
         };
-        if mount_dev != target.share.dev {
+        if mount_dev != target.share.facts.dev {
             return Outcome::Error(libc::ESTALE, Some("mount_fd on another filesystem"));
         }
         let obj = match sys::open_by_handle_at(
@@ -766,14 +774,10 @@ impl Plane {
                 Some("fhmon opens only directories and regular files"),
             );
         }
-        let mut paths = FdPaths {
-            obj: obj.as_fd(),
-            share: target.share.path_fd.as_fd(),
-        };
         if let Err(refusal) =
-            policy::check_opened(&target.share.facts, is_dir, obj_mount, &mut paths)
+            policy::check_opened(&target.share.root(), obj.as_fd(), is_dir, obj_mount)
         {
-            return Outcome::Error(refusal.errno, Some(refusal.reason));
+            return Outcome::Error(refusal.errno, refusal.reason);
         }
         let opened = match self.reopen_as_target(target, n, base, memo, obj.as_fd(), flags, is_dir)
         {
@@ -831,8 +835,9 @@ impl Plane {
     }
 
     /// _reopen_as_target: the open the target asked for, with its own credentials; O_PATH
-    /// becomes a real read-only (else write-only) open, or a read-only fd fhmon opens for
-    /// an owner who could chmod itself access.
+    /// becomes a real read-only (else write-only) open, or a read-only fd fhmon opens when
+    /// the target's own chmod(2) could give itself read access right now
+    /// (policy::chmod_would_succeed); otherwise the first attempt's errno (EACCES).
     #[allow(clippy::too_many_arguments)]
     fn reopen_as_target(
         &self,
@@ -878,14 +883,18 @@ impl Plane {
                 }
             }
         }
-        let owned = sys::fstat_dev_uid(obj).map_err(|_| err(libc::EIO))?.1 == creds.fsuid;
-        if flags & abi::O_PATH != 0 && first_error == libc::EACCES && owned {
-            let fd = sys::reopen(obj, attempts[0] | abi::O_CLOEXEC).map_err(|_| err(libc::EIO))?;
-            let chmod_possible = match sys::inode_flags(fd.as_fd()) {
-                Ok(f) => f & (0x10 | 0x20) == 0, // FS_IMMUTABLE_FL | FS_APPEND_FL
-                Err(_) => true,                  // the filesystem has no such flags
-            };
-            if chmod_possible {
+        if flags & abi::O_PATH != 0
+            && first_error == libc::EACCES
+            && policy::chmod_would_succeed(obj, creds.fsuid)
+        {
+            // The target could chmod itself read access right now and then open it, so a
+            // read-only fd grants it nothing new; opened by fhmon (CAP_DAC_READ_SEARCH
+            // passes the read check), then the open file is asked once more.
+            let fd = sys::reopen(obj, attempts[0] | abi::O_CLOEXEC).map_err(|e| {
+                let failure = policy::failed(e);
+                err(failure.errno)
+            })?;
+            if policy::chmod_would_succeed(fd.as_fd(), creds.fsuid) {
                 return Ok(fd);
             }
         }
@@ -1023,20 +1032,6 @@ fn write(target: &Target, n: &Notification, chunks: &[(u64, &[u8])]) -> Result<(
         Ok(_) => Err(err(libc::EFAULT)),
         Err(libc::ESRCH) => Err(Outcome::Gone),
         Err(_) => Err(err(libc::EIO)),
-    }
-}
-
-struct FdPaths<'a> {
-    obj: BorrowedFd<'a>,
-    share: BorrowedFd<'a>,
-}
-
-impl Paths for FdPaths<'_> {
-    fn object_path<'b>(&mut self, buf: &'b mut [u8; PATH_MAX]) -> Result<&'b [u8], i32> {
-        sys::fd_path(self.obj, buf)
-    }
-    fn share_path<'b>(&mut self, buf: &'b mut [u8; PATH_MAX]) -> Result<&'b [u8], i32> {
-        sys::fd_path(self.share, buf)
     }
 }
 
