@@ -41,6 +41,8 @@ def layer_of(dso: str) -> str:
         return "libc"  # the vDSO: user-space code the kernel maps, called like libc
     if name.startswith("libpython") or re.fullmatch(r"python3(\.\d+)?", name):
         return "interpreter"
+    if name.startswith("_native."):
+        return "native plane"  # fhmon's Rust data plane, monitor._native
     if name.startswith(("_rust.abi3", "libcrypto", "libssl", "_hashlib", "_openssl")):
         return "cryptography"
     if name.startswith(("_ctypes", "libffi")):

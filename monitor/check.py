@@ -75,7 +75,7 @@ def check_sync_wakeup() -> Result:
 
 def check_pidfd_thread() -> Result:
     try:
-        fd = linux.pidfd_open(os.getpid(), linux.PIDFD_THREAD)
+        fd = linux.pidfd_open(os.getpid(), kernel.PIDFD_THREAD)
         os.close(fd)
         return Result("PIDFD_THREAD", True, "available", required=False)
     except OSError as exc:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 
 from monitor import linux
-from monitor.hardening import CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SYS_PTRACE
 from monitor.target import Credentials
+from protocol import kernel
 
 # Capabilities that opening a given directory or regular file never consults: holding them
 # while reopening one for a capability-less target changes no permission check. (A path
 # walk may consult CAP_SYS_PTRACE: /proc/PID of another user under hidepid.)
-_OPEN_NEUTRAL_CAPS = (1 << CAP_KILL | 1 << CAP_SETGID | 1 << CAP_SETUID
-                      | 1 << CAP_SYS_PTRACE)
+_OPEN_NEUTRAL_CAPS = (1 << kernel.CAP_KILL | 1 << kernel.CAP_SETGID | 1 << kernel.CAP_SETUID
+                      | 1 << kernel.CAP_SYS_PTRACE)
 
 
 class _Baseline:

@@ -50,12 +50,19 @@ class DataPlane(Protocol):
     def stop(self) -> None: ...
     def close(self) -> None: ...
 
+    def flush(self) -> None:
+        """Counters, latency buckets and refusals of the calls answered so far into CallStats
+        and the audit log now (status and scrapes call it, so that they see every answer)."""
+
 
 class PythonDataPlane(DispatchThread):
     """Today's path: the dispatch thread (the Answerer reads the current keys per call)."""
 
     def set_keys(self, keys: KeyRing) -> None:
         pass
+
+    def flush(self) -> None:
+        pass  # the middleware counts each call into CallStats as it is answered
 
 
 class NativeDataPlane:
@@ -93,7 +100,7 @@ class NativeDataPlane:
         try:
             self._plane.add(target.target_id, target.listener.fd, target.peer.uid,
                             share.share_id, share.dir_fd, share.path_fd, share.mount_id,
-                            share.dev, share.is_mount_root)
+                            share.dev, share.ino, share.whole_fs)
         except BaseException:
             with self._lock:
                 del self._targets[target.target_id]
@@ -101,6 +108,7 @@ class NativeDataPlane:
 
     def remove(self, target: Target) -> None:
         self._plane.remove(target.target_id)
+        self.flush()  # its last refusals are audited while its share is still known
         with self._lock:
             self._targets.pop(target.target_id, None)
 
@@ -123,7 +131,7 @@ class NativeDataPlane:
     def flush(self) -> None:
         """The native counts into CallStats, the native refusals into the audit log."""
         results, seconds, buckets, refusals = self._plane.take_stats()
-        if results:
+        if results or refusals:  # a refusal is counted before its call's result
             self._stats.merge(
                 {(syscall, _result_name(code)): n for syscall, code, n in results},
                 dict(seconds), dict(refusals), {s: list(c) for s, c in buckets})

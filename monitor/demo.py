@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from protocol import kernel
+
 DEMO_PROGRAM = r'''
 import ctypes, errno, os, struct, sys
 libc = ctypes.CDLL(None, use_errno=True)
@@ -25,14 +27,14 @@ def name_to_handle(path):
     buf = ctypes.create_string_buffer(8 + 128)
     struct.pack_into("<Ii", buf, 0, 128, 0)
     mount_id = ctypes.c_int()
-    if libc.syscall(303, -100, path.encode(), buf, ctypes.byref(mount_id), 0) != 0:
+    if libc.syscall(SYS_N2H, AT_FDCWD, path.encode(), buf, ctypes.byref(mount_id), 0) != 0:
         return None, ctypes.get_errno()
     size, htype = struct.unpack_from("<Ii", buf)
     return (htype, buf.raw[8:8 + size]), 0
 
 def open_handle(mount_fd, htype, f_handle):
     raw = struct.pack("<Ii", len(f_handle), htype) + f_handle
-    fd = libc.syscall(304, mount_fd, ctypes.create_string_buffer(raw, len(raw)), os.O_RDONLY)
+    fd = libc.syscall(SYS_OBH, mount_fd, ctypes.create_string_buffer(raw, len(raw)), os.O_RDONLY)
     return (fd, 0) if fd >= 0 else (None, ctypes.get_errno())
 
 def errname(e):
@@ -62,6 +64,12 @@ _, err = name_to_handle(f"{share}/../outside/secret.txt")
 result = errname(err) if err else "GOT A HANDLE?!"
 print(f"  name_to_handle_at(share/../outside/...)   -> {result}")
 '''
+# The target runs on its own (as uid 65534, without fhmon's packages): the ABI numbers it
+# needs are written into its text from protocol/kernel.py.
+DEMO_PROGRAM = (f"SYS_N2H = {kernel.SYS_NAME_TO_HANDLE_AT}\n"
+                f"SYS_OBH = {kernel.SYS_OPEN_BY_HANDLE_AT}\n"
+                f"AT_FDCWD = {kernel.AT_FDCWD}\n") + DEMO_PROGRAM
+
 
 
 def run_demo() -> int:

@@ -17,13 +17,11 @@ import ctypes
 from typing import Any
 
 from monitor import linux
+from protocol import kernel
 
-CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER = 0, 1, 2, 3
-CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SETPCAP = 5, 6, 7, 8
-CAP_SYS_PTRACE = 19
-KEPT = {CAP_DAC_READ_SEARCH: "CAP_DAC_READ_SEARCH", CAP_SYS_PTRACE: "CAP_SYS_PTRACE",
-        CAP_SETUID: "CAP_SETUID", CAP_SETGID: "CAP_SETGID", CAP_KILL: "CAP_KILL"}
-PR_CAPBSET_DROP = 24
+KEPT = {kernel.CAP_DAC_READ_SEARCH: "CAP_DAC_READ_SEARCH",
+        kernel.CAP_SYS_PTRACE: "CAP_SYS_PTRACE", kernel.CAP_SETUID: "CAP_SETUID",
+        kernel.CAP_SETGID: "CAP_SETGID", kernel.CAP_KILL: "CAP_KILL"}
 
 
 def _last_cap() -> int:
@@ -39,8 +37,8 @@ def drop_capabilities() -> list[str]:
     libc = ctypes.CDLL(None, use_errno=True)
     _, permitted, _ = linux.capget_thread()
     for cap in range(_last_cap() + 1):
-        if cap not in KEPT and permitted & (1 << CAP_SETPCAP):
-            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # best effort: the bounding set
+        if cap not in KEPT and permitted & (1 << kernel.CAP_SETPCAP):
+            libc.prctl(kernel.PR_CAPBSET_DROP, cap, 0, 0, 0)  # best effort: the bounding set
     keep = sum(1 << cap for cap in KEPT) & permitted
     linux.capset_thread(keep, keep, 0)
     effective, permitted, _ = linux.capget_thread()

@@ -17,10 +17,8 @@ every signal through it fails with ESRCH.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import socket
 import stat
 from dataclasses import dataclass
@@ -29,8 +27,9 @@ from typing import Any
 import trio
 
 from monitor import fdpass, log
-from monitor.linux import kcmp_same_file, pidfd_alive, pidfd_open
+from monitor.linux import kcmp_same_file, pidfd_open
 from monitor.listener import Listener, is_seccomp_listener
+from monitor.stuck_calls import restart_stuck_calls
 from protocol import keeper as wire
 
 
@@ -145,39 +144,3 @@ def _open_pidfd(pid: Any) -> int | None:
                   hint="its stuck calls will not be restarted")
         return None
 
-
-async def restart_stuck_calls(pidfd: int, pid: int) -> bool:
-    """SIGSTOP then SIGCONT the target through its pidfd: a call received by a dead fhmon
-    is dropped by the stop and, as neither signal has a handler, made again when the
-    thread continues, with a new id for the next fhmon. False if the process is gone.
-    /proc/PID is read only to see when every thread has stopped, and only while the
-    pidfd says the process is alive (a stopped process cannot exit, so its pid is its)."""
-    try:
-        signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
-    except ProcessLookupError:
-        return False
-    try:
-        with trio.move_on_after(2.0):
-            while pidfd_alive(pidfd) and not _threads_stopped(pid):
-                await trio.sleep(0.001)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(pidfd, signal.SIGCONT)
-    return True
-
-
-def _threads_stopped(pid: int) -> bool:
-    """Every thread of pid is stopped (T/t) or dead: its pending call has been dropped."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return True
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in (b"T", b"t", b"Z", b"X"):
-            return False
-    return True

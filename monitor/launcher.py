@@ -13,7 +13,6 @@ own trapped calls.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import pwd
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 import trio
 
 from monitor import fdpass, seccomp_filter
+from monitor.stuck_calls import restart_stuck_calls_of
 from protocol import native
 
 REGISTRATION_TIMEOUT = 30.0
@@ -160,7 +160,7 @@ class Registration:
             # The old fhmon is gone (EOF comes when its fds close): re-kick its unanswered
             # calls now, while no fhmon can be answering any call, so that the restart
             # never races a live answer.
-            await restart_stuck_calls(self.pid)
+            await restart_stuck_calls_of(self.pid)  # our child: its pid is still its
             delay = 0.02
             refused = ""
             while True:
@@ -193,41 +193,6 @@ def server_is_root(sock: trio.socket.SocketType, socket_path: str) -> None:
         raise LaunchError(f"the server at {socket_path} runs as uid {uid} (pid {pid}), not "
                           f"root: refusing to hand it the listener (is that fhmon's socket?)")
 
-
-async def restart_stuck_calls(pid: int) -> None:
-    """Calls a dead fhmon had received but not answered stay blocked until answered by
-    their id, which died with it. SIGSTOP interrupts the wait (the kernel drops the
-    notification) and, since neither signal has a handler, SIGCONT resumes the thread
-    into the restarted syscall, which traps again with a new id for the new fhmon.
-    Nothing runs twice with a visible effect: an answer (and ADDFD_FLAG_SEND's fd) either
-    reached the target before fhmon died, or nothing did."""
-    try:
-        os.kill(pid, signal.SIGSTOP)
-    except ProcessLookupError:
-        return
-    try:
-        with trio.move_on_after(2.0):
-            while not _all_stopped(pid):
-                await trio.sleep(0.001)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-
-
-def _all_stopped(pid: int) -> bool:
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return True
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in (b"T", b"t", b"Z", b"X"):
-            return False
-    return True
 
 
 async def _supervise(socket_path: str, share: str, pid: int, listener: int,

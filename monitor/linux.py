@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 from typing import Final
 
+from protocol import kernel
 from protocol.kernel import PAGE_SIZE, split_page_ranges
 
 # Why not ctypes.CDLL(use_errno=True) with c_int-wrapped arguments: on this class of machine
@@ -39,38 +40,6 @@ _errno_location.restype = ctypes.c_void_p
 
 def _errno() -> int:
     return ctypes.c_int.from_address(_errno_location()).value
-
-
-SYS_FSTATFS: Final = 138
-SYS_SETGROUPS: Final = 116
-SYS_SETFSUID: Final = 122
-SYS_SETFSGID: Final = 123
-SYS_CAPGET: Final = 125
-SYS_CAPSET: Final = 126
-SYS_NAME_TO_HANDLE_AT: Final = 303
-SYS_OPEN_BY_HANDLE_AT: Final = 304
-SYS_PROCESS_VM_READV: Final = 310
-SYS_PROCESS_VM_WRITEV: Final = 311
-SYS_KCMP: Final = 312
-SYS_STATX: Final = 332
-SYS_PIDFD_OPEN: Final = 434
-SYS_OPENAT2: Final = 437
-SYS_PIDFD_GETFD: Final = 438
-
-PIDFD_THREAD: Final = os.O_EXCL
-KCMP_FILE: Final = 0
-RESOLVE_NO_XDEV: Final = 0x01
-RESOLVE_NO_MAGICLINKS: Final = 0x02
-RESOLVE_NO_SYMLINKS: Final = 0x04
-RESOLVE_BENEATH: Final = 0x08
-RESOLVE_IN_ROOT: Final = 0x10
-STATX_TYPE: Final = 0x1
-STATX_MODE: Final = 0x2
-STATX_INO: Final = 0x100
-STATX_MNT_ID: Final = 0x1000
-STATX_MNT_ID_UNIQUE: Final = 0x4000
-AT_EMPTY_PATH: Final = 0x1000
-_LINUX_CAPABILITY_VERSION_3: Final = 0x20080522
 
 
 def _check(result: int) -> int:
@@ -121,7 +90,7 @@ def _iovecs(regions: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, int]], 
 
 
 def pidfd_open(pid: int, flags: int = 0) -> int:
-    return _check(_syscall(SYS_PIDFD_OPEN, pid, flags))
+    return _check(_syscall(kernel.SYS_PIDFD_OPEN, pid, flags))
 
 
 def pidfd_alive(pidfd: int) -> bool:
@@ -136,7 +105,7 @@ def pidfd_alive(pidfd: int) -> bool:
 
 
 def pidfd_getfd(pidfd: int, targetfd: int) -> int:
-    return _check(_syscall(SYS_PIDFD_GETFD, pidfd, targetfd, 0))
+    return _check(_syscall(kernel.SYS_PIDFD_GETFD, pidfd, targetfd, 0))
 
 
 def process_vm_read(pid: int, addr: int, length: int) -> bytes:
@@ -150,10 +119,10 @@ def process_vm_read_regions(pid: int, regions: Sequence[tuple[int, int]]) -> byt
     which stops (page-exact) at the first page that cannot be read."""
     ranges, length = _iovecs(regions)
     if length <= _DATA_SIZE:
-        got = _transfer(SYS_PROCESS_VM_READV, pid, ranges, _scratch.data_addr, length)
+        got = _transfer(kernel.SYS_PROCESS_VM_READV, pid, ranges, _scratch.data_addr, length)
         return _scratch.data_view[:got].tobytes()
     buf = ctypes.create_string_buffer(length)
-    got = _transfer(SYS_PROCESS_VM_READV, pid, ranges, ctypes.addressof(buf), length)
+    got = _transfer(kernel.SYS_PROCESS_VM_READV, pid, ranges, ctypes.addressof(buf), length)
     return buf.raw[:got]
 
 
@@ -166,9 +135,9 @@ def process_vm_write(pid: int, chunks: Sequence[tuple[int, bytes]]) -> int:
         return 0
     if size <= _DATA_SIZE:
         _scratch.data[:size] = payload
-        return _transfer(SYS_PROCESS_VM_WRITEV, pid, ranges, _scratch.data_addr, size)
+        return _transfer(kernel.SYS_PROCESS_VM_WRITEV, pid, ranges, _scratch.data_addr, size)
     local = ctypes.create_string_buffer(payload, size)
-    return _transfer(SYS_PROCESS_VM_WRITEV, pid, ranges, ctypes.addressof(local), size)
+    return _transfer(kernel.SYS_PROCESS_VM_WRITEV, pid, ranges, ctypes.addressof(local), size)
 
 
 def _transfer(nr: int, pid: int, ranges: Sequence[tuple[int, int]], local_addr: int,
@@ -199,17 +168,17 @@ def name_to_handle_at(dirfd: int, path: bytes, flags: int,
     scratch = _scratch
     buf = scratch.handle if capacity <= 128 else ctypes.create_string_buffer(8 + capacity)
     _HANDLE_HEADER.pack_into(buf, 0, capacity, 0)
-    _check(_syscall(SYS_NAME_TO_HANDLE_AT, dirfd, path, buf, scratch.mnt, flags))
+    _check(_syscall(kernel.SYS_NAME_TO_HANDLE_AT, dirfd, path, buf, scratch.mnt, flags))
     hb, ht = _HANDLE_HEADER.unpack_from(buf, 0)
     (mnt,) = _U64.unpack_from(scratch.mnt, 0)
-    if not flags & AT_HANDLE_MNT_ID_UNIQUE:
+    if not flags & kernel.AT_HANDLE_MNT_ID_UNIQUE:
         mnt &= 0xFFFFFFFF  # the kernel wrote an int: the upper half is stale
     return ht, buf.raw[8 : 8 + hb], mnt
 
 
 def open_by_handle_at(mount_fd: int, handle_type: int, f_handle: bytes, flags: int) -> int:
     raw = _HANDLE_HEADER.pack(len(f_handle), handle_type) + f_handle
-    return _check(_syscall(SYS_OPEN_BY_HANDLE_AT, mount_fd, raw, flags))
+    return _check(_syscall(kernel.SYS_OPEN_BY_HANDLE_AT, mount_fd, raw, flags))
 
 
 # The one call here whose cost a target chooses: the walk of its path, which a target can
@@ -223,9 +192,9 @@ _syscall_releasing.restype = ctypes.c_long
 
 
 def openat2(dirfd: int, path: bytes, flags: int, resolve: int, mode: int = 0) -> int:
-    how = _OPEN_HOW.pack(flags & 0xFFFFFFFFFFFFFFFF, mode, resolve)
-    fd = _syscall_releasing(ctypes.c_long(SYS_OPENAT2), ctypes.c_long(dirfd), path, how,
-                            ctypes.c_long(_OPEN_HOW.size))
+    how = kernel.OPEN_HOW.pack(flags & 0xFFFFFFFFFFFFFFFF, mode, resolve)
+    fd = _syscall_releasing(ctypes.c_long(kernel.SYS_OPENAT2), ctypes.c_long(dirfd), path,
+                            how, ctypes.c_long(kernel.OPEN_HOW.size))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
@@ -240,10 +209,10 @@ def mount_id(fd: int) -> int:
 def statx_mode_mount(fd: int) -> tuple[int, int]:
     """(st_mode, unique mount id) of an fd in one statx."""
     buf = _scratch.statx
-    _check(_syscall(SYS_STATX, fd, b"", AT_EMPTY_PATH,
-                    STATX_TYPE | STATX_MODE | STATX_MNT_ID_UNIQUE, buf))
-    mask, mode, mnt = _STATX_FIELDS.unpack_from(buf, 0)
-    if not mask & (STATX_MNT_ID_UNIQUE | STATX_MNT_ID):
+    _check(_syscall(kernel.SYS_STATX, fd, b"", kernel.AT_EMPTY_PATH,
+                    kernel.STATX_TYPE | kernel.STATX_MODE | kernel.STATX_MNT_ID_UNIQUE, buf))
+    mask, mode, mnt = kernel.STATX_FIELDS.unpack_from(buf, 0)
+    if not mask & (kernel.STATX_MNT_ID_UNIQUE | kernel.STATX_MNT_ID):
         raise OSError(errno.EOPNOTSUPP, "statx reports no mount id")
     return mode, mnt
 
@@ -252,10 +221,11 @@ def statx_identity(fd: int, unique: bool = True) -> tuple[int, int, int, int]:
     """(st_mode, st_dev, st_ino, mount id) of an fd in one statx: the unique mount id, or
     the old (reusable, /proc/PID/mountinfo's first field) one when unique is False."""
     buf = _scratch.statx
-    _check(_syscall(SYS_STATX, fd, b"", AT_EMPTY_PATH, STATX_TYPE | STATX_MODE | STATX_INO
-                    | (STATX_MNT_ID_UNIQUE if unique else STATX_MNT_ID), buf))
-    mask, mode, ino, major, minor, mnt = _STATX_IDENTITY.unpack_from(buf, 0)
-    if not mask & (STATX_MNT_ID_UNIQUE | STATX_MNT_ID):
+    wanted = (kernel.STATX_TYPE | kernel.STATX_MODE | kernel.STATX_INO
+              | (kernel.STATX_MNT_ID_UNIQUE if unique else kernel.STATX_MNT_ID))
+    _check(_syscall(kernel.SYS_STATX, fd, b"", kernel.AT_EMPTY_PATH, wanted, buf))
+    mask, mode, ino, major, minor, mnt = kernel.STATX_IDENTITY.unpack_from(buf, 0)
+    if not mask & (kernel.STATX_MNT_ID_UNIQUE | kernel.STATX_MNT_ID):
         raise OSError(errno.EOPNOTSUPP, "statx reports no mount id")
     return mode, os.makedev(major, minor), ino, mnt
 
@@ -263,48 +233,35 @@ def statx_identity(fd: int, unique: bool = True) -> tuple[int, int, int, int]:
 def fstatfs(fd: int) -> tuple[int, bytes, int]:
     """(f_type, f_fsid's 8 bytes, f_flags) of the filesystem an fd is on (O_PATH fds too);
     f_flags has ST_RDONLY when the mount or the superblock is read-only."""
-    buf = ctypes.create_string_buffer(_STATFS.size)
-    _check(_syscall(SYS_FSTATFS, fd, buf))
-    f_type, fsid, f_flags = _STATFS.unpack_from(buf, 0)
+    buf = ctypes.create_string_buffer(kernel.STATFS.size)
+    _check(_syscall(kernel.SYS_FSTATFS, fd, buf))
+    f_type, fsid, f_flags = kernel.STATFS.unpack_from(buf, 0)
     return f_type, fsid, f_flags
 
 
 def fs_uuid(fd: int) -> bytes:
-    """The superblock's UUID (FS_IOC_GETFSUUID, 6.5+) of an open (not O_PATH) fd's
+    """The superblock's UUID (kernel.FS_IOC_GETFSUUID, 6.5+) of an open (not O_PATH) fd's
     filesystem; b"" where the filesystem has none or the kernel lacks the ioctl."""
-    buf = bytearray(_FSUUID2_SIZE)
+    buf = bytearray(kernel.FSUUID2_SIZE)
     try:
-        fcntl.ioctl(fd, FS_IOC_GETFSUUID, buf, True)
+        fcntl.ioctl(fd, kernel.FS_IOC_GETFSUUID, buf, True)
     except OSError:
         return b""
-    return bytes(buf[1 : 1 + min(buf[0], _FSUUID2_SIZE - 1)])
+    return bytes(buf[1 : 1 + min(buf[0], kernel.FSUUID2_SIZE - 1)])
 
 
-FS_IOC_GETFSUUID: Final = 0x80111500  # _IOR(0x15, 0, struct fsuuid2 {u8 len; u8 uuid[16]})
-_FSUUID2_SIZE: Final = 17
-
-
-# struct statfs (x86_64): f_type long @0, ..., f_fsid 2 x int @56, f_namelen, f_frsize,
-# f_flags long @80, f_spare[4]
-_STATFS = struct.Struct("<q48x8s16xq32x")
-# struct statx: stx_mask u32 @0, stx_mode u16 @28, stx_ino u64 @32, stx_dev_major u32 @136,
-# stx_dev_minor u32 @140, stx_mnt_id u64 @144
-_STATX_FIELDS = struct.Struct("<I24xH114xQ")
-_STATX_IDENTITY = struct.Struct("<I24xH2xQ96xIIQ")
-_OPEN_HOW = struct.Struct("<QQQ")
 _U64 = struct.Struct("<Q")
-AT_HANDLE_MNT_ID_UNIQUE: Final = 0x001
 
 
 def kcmp_same_file(fd1: int, fd2: int) -> bool:
     pid = _ThisProcess.pid
-    return _check(_syscall(SYS_KCMP, pid, pid, KCMP_FILE, fd1, fd2)) == 0
+    return _check(_syscall(kernel.SYS_KCMP, pid, pid, kernel.KCMP_FILE, fd1, fd2)) == 0
 
 
 def is_open_file_of(pid: int, fd: int, ours: int) -> bool:
     """Whether process (or thread) pid's fd is the open file our fd `ours` duplicates; False
     too when pid or its fd is gone (kcmp's ESRCH, EBADF)."""
-    return int(_syscall(SYS_KCMP, pid, _ThisProcess.pid, KCMP_FILE, fd, ours)) == 0
+    return int(_syscall(kernel.SYS_KCMP, pid, _ThisProcess.pid, kernel.KCMP_FILE, fd, ours)) == 0
 
 
 # --- per-thread credentials -------------------------------------------------------------
@@ -313,11 +270,11 @@ def is_open_file_of(pid: int, fd: int, ours: int) -> bool:
 
 def setfsuid(uid: int) -> int:
     """Per-thread by nature (glibc's wrapper is the bare syscall too); returns the old fsuid."""
-    return int(_syscall(SYS_SETFSUID, uid))
+    return int(_syscall(kernel.SYS_SETFSUID, uid))
 
 
 def setfsgid(gid: int) -> int:
-    return int(_syscall(SYS_SETFSGID, gid))
+    return int(_syscall(kernel.SYS_SETFSGID, gid))
 
 
 @functools.lru_cache(maxsize=256)
@@ -326,7 +283,7 @@ def _groups_array(groups: tuple[int, ...]) -> ctypes.Array[ctypes.c_uint]:
 
 
 def setgroups_thread(groups: tuple[int, ...]) -> None:
-    _check(_syscall(SYS_SETGROUPS, len(groups), _groups_array(groups)))
+    _check(_syscall(kernel.SYS_SETGROUPS, len(groups), _groups_array(groups)))
 
 
 class _CapHeader(ctypes.Structure):
@@ -340,9 +297,9 @@ class _CapData(ctypes.Structure):
 
 def capget_thread() -> tuple[int, int, int]:
     """(effective, permitted, inheritable) of the calling thread, as 64-bit masks."""
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    header = _CapHeader(kernel.LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
-    _check(_syscall(SYS_CAPGET, ctypes.byref(header), data))
+    _check(_syscall(kernel.SYS_CAPGET, ctypes.byref(header), data))
     return (data[0].effective | data[1].effective << 32,
             data[0].permitted | data[1].permitted << 32,
             data[0].inheritable | data[1].inheritable << 32)
@@ -352,7 +309,7 @@ def capget_thread() -> tuple[int, int, int]:
 def _capset_args(effective: int, permitted: int,
                  inheritable: int) -> tuple[_CapHeader, ctypes.Array[_CapData]]:
     """Prebuilt capset(2) arguments: credential switches run on every call."""
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    header = _CapHeader(kernel.LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)(
         _CapData(effective & 0xFFFFFFFF, permitted & 0xFFFFFFFF, inheritable & 0xFFFFFFFF),
         _CapData(effective >> 32, permitted >> 32, inheritable >> 32))
@@ -361,7 +318,7 @@ def _capset_args(effective: int, permitted: int,
 
 def capset_thread(effective: int, permitted: int, inheritable: int) -> None:
     header, data = _capset_args(effective, permitted, inheritable)
-    _check(_syscall(SYS_CAPSET, ctypes.byref(header), data))
+    _check(_syscall(kernel.SYS_CAPSET, ctypes.byref(header), data))
 
 
 # --- this process: its pid, its own fds by number ------------------------------------------

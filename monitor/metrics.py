@@ -51,7 +51,7 @@ REFUSAL_CODES: tuple[tuple[str, str], ...] = (
     ("object outside the share", "outside_share"),
     ("opened object not on the share's mount", "opened_outside_mount"),
     ("directory no longer inside the share", "directory_left_share"),
-    ("file's place cannot be checked", "place_unverifiable"),  # "... (the OSError)"
+    ("file's place cannot be checked", "place_unverifiable"),  # "... (strerror)"
     ("syscall ", "syscall_not_emulated"),  # "syscall NR arch A is not emulated"
 )
 REFUSAL_LABELS = frozenset({code for _, code in REFUSAL_CODES} | {OTHER})

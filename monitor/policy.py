@@ -95,8 +95,8 @@ def pin_share(root_fd: int, target_path: str, allow: list[str],
         raise RegistrationRefused("share path is not a valid path", errno.EINVAL)
     try:
         path_fd = linux.openat2(root_fd, target_path.encode(), os.O_PATH | os.O_DIRECTORY
-                                | os.O_CLOEXEC, linux.RESOLVE_IN_ROOT | linux.RESOLVE_NO_SYMLINKS
-                                | linux.RESOLVE_NO_MAGICLINKS)
+                                | os.O_CLOEXEC, kernel.RESOLVE_IN_ROOT | kernel.RESOLVE_NO_SYMLINKS
+                                | kernel.RESOLVE_NO_MAGICLINKS)
     except OSError as exc:
         hint = "; give its canonical path (no symlinks)" if exc.errno == errno.ELOOP else ""
         raise RegistrationRefused(f"share {target_path}: {os.strerror(exc.errno or 0)}{hint}",
@@ -141,11 +141,11 @@ def pin_share(root_fd: int, target_path: str, allow: list[str],
 # the server's export (mountinfo says "/"), while the server may decode handles beyond it;
 # such shares are always walked.
 LOCAL_FILESYSTEMS = frozenset({
-    0xEF53,  # ext2, ext3, ext4
-    0x58465342,  # xfs
-    0x9123683E,  # btrfs (every subvolume is in the top-level tree)
-    0x01021994,  # tmpfs
-    0xF2F52010,  # f2fs
+    kernel.EXT4_SUPER_MAGIC,  # ext2, ext3, ext4
+    kernel.XFS_SUPER_MAGIC,
+    kernel.BTRFS_SUPER_MAGIC,  # every subvolume is in the top-level tree
+    kernel.TMPFS_MAGIC,
+    kernel.F2FS_SUPER_MAGIC,
 })
 
 
@@ -168,7 +168,7 @@ def _mount_shows_fs_root(pid: int, path_fd: int) -> bool:
 def _share_id(path_fd: int, filesystem: bytes) -> bytes:
     """Hash of the filesystem's identity and the share root's handle (a FID handle where
     the fs cannot export)."""
-    for flags in (linux.AT_EMPTY_PATH, linux.AT_EMPTY_PATH | kernel.AT_HANDLE_FID):
+    for flags in (kernel.AT_EMPTY_PATH, kernel.AT_EMPTY_PATH | kernel.AT_HANDLE_FID):
         try:
             handle_type, f_handle, _ = linux.name_to_handle_at(path_fd, b"", flags)
             return signing.share_id_from_handle(handle_type, f_handle, filesystem)
@@ -299,8 +299,18 @@ def _file_inside(share: Share, obj_fd: int) -> bool:
     try:
         path, root = fd_path(obj_fd), share.current_path()
     except OSError as exc:
-        raise SyscallError(errno.EOPNOTSUPP, f"file's place cannot be checked ({exc})") from None
+        # the errno's text only (no fd number): the audit reason is the same words on both
+        # data planes (native/src/policy.rs unverifiable) and one metrics label
+        known = exc.errno if exc.errno in _UNVERIFIABLE_ERRNOS else errno.EIO
+        raise SyscallError(errno.EOPNOTSUPP, "file's place cannot be checked "
+                           f"({os.strerror(known)})") from None
     return is_below(_strip_deleted(path), root)
+
+
+# the errnos whose text a "file's place cannot be checked" reason names (others: EIO's);
+# native/src/policy.rs unverifiable has the same table
+_UNVERIFIABLE_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOENT, errno.EMFILE,
+                                  errno.ENFILE, errno.ENOMEM, errno.EACCES})
 
 
 # generic exportfs layouts (include/linux/exportfs.h): type of a file-with-parent handle ->

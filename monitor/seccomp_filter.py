@@ -2,7 +2,7 @@
 
 pyseccomp (libseccomp) compiles the BPF program, including the architecture check that
 refuses non-native ABIs (i386, x32) with ENOSYS. We load the program ourselves with the
-seccomp(2) syscall so that SECCOMP_FILTER_FLAG_NEW_LISTENER's fd comes straight back as the
+seccomp(2) syscall so that kernel.SECCOMP_FILTER_FLAG_NEW_LISTENER's fd comes straight back as the
 return value, without reaching into libseccomp's private state.
 """
 
@@ -18,11 +18,8 @@ import socket
 import pyseccomp
 
 from monitor import fdpass
+from protocol import kernel
 
-SYS_SECCOMP = 317
-SECCOMP_SET_MODE_FILTER = 1
-SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
-PR_SET_NO_NEW_PRIVS = 38
 TRAPPED_SYSCALLS = ("name_to_handle_at", "open_by_handle_at")
 
 
@@ -49,15 +46,15 @@ def build_program(syscalls: tuple[str, ...] = TRAPPED_SYSCALLS) -> bytes:
 def install(program: bytes) -> int:
     """Set NO_NEW_PRIVS, load the program on the calling thread, return the listener fd."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+    if libc.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(NO_NEW_PRIVS): {os.strerror(err)}")
     if len(program) % 8 or not program:
         raise ValueError("a BPF program is a non-empty array of 8-byte instructions")
     buf = ctypes.create_string_buffer(program, len(program))
     prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    fd = libc.syscall(SYS_SECCOMP, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER,
-                      ctypes.byref(prog))
+    fd = libc.syscall(kernel.SYS_SECCOMP, kernel.SECCOMP_SET_MODE_FILTER,
+                      kernel.SECCOMP_FILTER_FLAG_NEW_LISTENER, ctypes.byref(prog))
     if fd < 0:
         err = ctypes.get_errno()
         if err == errno.EBUSY:

@@ -16,8 +16,6 @@ import logging
 import os
 import resource
 import signal
-import socket
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -25,25 +23,26 @@ from typing import Any
 
 import trio
 
-from monitor import fdpass, linux, log
+from monitor import log
 from monitor.calls import Answerer, PeerCred, Target
-from monitor.check import socket_dir_problem
 from monitor.config import Config
 from monitor.credentials import acting_as
 from monitor.dataplane import DataPlane, make_data_plane
 from monitor.fdpass import close_quietly
 from monitor.handlers.registry import Dispatcher
 from monitor.hardening import lock_down
-from monitor.intake import Intake, recv_with_fds
+from monitor.intake import Intake
+from monitor.intake_socket import open_intake_socket
+from monitor.keeper_client import KeeperClient
 from monitor.linux import kcmp_same_file
 from monitor.listener import Listener, is_seccomp_listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
 from monitor.policy import RegistrationRefused, Share, pin_share
 from monitor.prom import Metrics
 from monitor.signing import KeyDirError, KeyRing
+from monitor.stuck_calls import restart_stuck_calls_of
 from monitor.target import Credentials, read_status
 from monitor.worker import WorkerProcess, WorkerStartError
-from protocol import keeper as keeper_wire
 from protocol import native, oci
 from protocol import worker as worker_wire
 
@@ -62,18 +61,16 @@ class Service:
         self.stats = CallStats()
         self.targets: dict[int, Target] = {}
         self._ids = itertools.count(1)
-        self._keeper_dirty = trio.Event()  # set when a target for the keeper registers
-        self._ever_deposited: set[int] = set()  # target ids the keeper took at least once
-        self._failed_deposits: set[int] = set()  # ... and those counted as failed deposits
         self.metrics = Metrics(self)
+        self.keeper = (KeeperClient(config.keeper_socket, self.metrics,
+                                    lambda: self.targets.values())
+                       if config.keeper_socket else None)
         self.dispatcher = Dispatcher([metrics_middleware(self.stats),
                                       audit_middleware(self.stats)])
         self._answer = Answerer(self.dispatcher, lambda: self.keys, config.signing)
         self.started = time.time()
         self.key_error: str | None = None
-        self.activated = False  # the socket came from systemd: leave it in place
         self.intake = Intake(config, self)
-        self.created_socket_dir: str | None = None
         self._dispatch: DataPlane | None = None
         self._workers: list[WorkerProcess] = []
 
@@ -124,69 +121,11 @@ class Service:
         except OSError:
             return ()
 
-    # --- the socket -------------------------------------------------------------------
-    def _activated_socket(self) -> trio.socket.SocketType | None:
-        """A listening socket handed over by systemd (LISTEN_FDS=1, fd 3), if any.
-
-        systemd keeps it across fhmon restarts, so clients' connects queue instead of
-        failing while fhmon starts again.
-        """
-        if os.environ.get("LISTEN_PID") != str(os.getpid()):
-            return None
-        if os.environ.get("LISTEN_FDS") != "1":
-            raise RegistrationRefused("socket activation: fhmon takes exactly one socket "
-                                      f"(LISTEN_FDS={os.environ.get('LISTEN_FDS')})")
-        for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
-            os.environ.pop(name, None)
-        raw = socket.socket(fileno=3)
-        if raw.family != socket.AF_UNIX or raw.type != socket.SOCK_STREAM:
-            raise RegistrationRefused("socket activation: fd 3 is not a unix stream socket")
-        raw.set_inheritable(False)
-        self.activated = True
-        log.event("socket_activated", socket=raw.getsockname())
-        return trio.socket.from_stdlib_socket(raw)
-
-    def prepare_socket(self) -> trio.socket.SocketType:
-        activated = self._activated_socket()
-        if activated is not None:
-            return activated
-        path = self.config.socket
-        directory = os.path.dirname(path) or "."
-        if not os.path.isdir(directory):
-            self.created_socket_dir = directory  # removed again when fhmon stops
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        problem = socket_dir_problem(directory)
-        if problem is not None:
-            raise RegistrationRefused(f"{problem}; refusing to serve from it")
-        try:
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                os.unlink(path)
-        except FileNotFoundError:
-            pass
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        old_umask = os.umask(0o177)  # the socket is born 0600; chmod widens it if configured
-        # Born with its group, too: a new inode takes the creator's fsgid, so socket_group
-        # needs CAP_SETGID (kept anyway), not CAP_CHOWN, which the DaemonSet does not grant.
-        old_fsgid = (linux.setfsgid(self.config.socket_group)
-                     if self.config.socket_group is not None else None)
-        try:
-            raw.bind(path)
-        finally:
-            os.umask(old_umask)
-            if old_fsgid is not None:
-                linux.setfsgid(old_fsgid)
-        sock = trio.socket.from_stdlib_socket(raw)
-        os.chown(path, self.config.socket_owner if self.config.socket_owner is not None else -1,
-                 self.config.socket_group if self.config.socket_group is not None else -1)
-        os.chmod(path, self.config.socket_mode)
-        sock.listen(128)
-        return sock
-
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         _raise_fd_limit()
         if self.config.recv_thread:
             signal.signal(_WAKE, lambda *_: None)  # interrupt RECV without killing us
-        sock = self.prepare_socket()
+        intake_socket = open_intake_socket(self.config)
         try:
             # Before the sandbox: it allows no execve.
             if self.config.workers:
@@ -227,28 +166,22 @@ class Service:
                         raise MetricsAddressError(
                             f"metrics address {self.config.metrics_address} (--metrics-address)"
                             f": {exc.strerror or exc}") from None
-                if self.config.keeper_socket:
+                if self.keeper is not None:
                     await self.restore_from_keeper(nursery)
-                    nursery.start_soon(self._sync_keeper)
+                    nursery.start_soon(self.keeper.sync)
                 log.event("serving", socket=self.config.socket, key_dir=self.config.key_dir,
                           allow=self.config.allow, keys=[f"{k:08x}" for k in self.keys.key_ids],
                           signer=f"{self.keys.signer:08x}", pid=os.getpid())
                 task_status.started()
-                await self.intake.serve(sock, nursery)
+                await self.intake.serve(intake_socket.sock, nursery)
         finally:
-            sock.close()
+            intake_socket.close()
             for worker in self._workers:
                 await worker.stop()
             self._workers.clear()
             if self._dispatch is not None:
                 self._dispatch.close()
                 self._dispatch = None
-            if not self.activated:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.config.socket)
-                if self.created_socket_dir is not None:
-                    with contextlib.suppress(OSError):  # only if empty
-                        os.rmdir(self.created_socket_dir)
             log.event("shutdown", counters=self.stats.as_dict(),
                       refusals=dict(self.stats.refusals),
                       registrations=dict(self.stats.registrations),
@@ -306,8 +239,8 @@ class Service:
             share = oci.share_from_metadata(state.metadata)
             listener_fd = fds.pop(state.seccomp_fd_index)
             self._register(listener_fd, state.pid, share, peer, "oci", nursery)
-            if self.config.keeper_socket:
-                self._keeper_dirty.set()  # _sync_keeper deposits it
+            if self.keeper is not None:
+                self.keeper.target_added()  # KeeperClient.sync deposits it
         except oci.OciStateError as exc:
             self._refused(peer, str(exc))
         except RegistrationRefused as exc:
@@ -390,115 +323,18 @@ class Service:
                 return other
         return None
 
-    # --- the keeper (listeners that must outlive this process) ------------------------------
-    def _keeper_record(self, target: Target) -> dict[str, Any]:
-        return {"pid": target.pid, "share": target.share.target_path, "uid": target.peer.uid,
-                "gid": target.peer.gid, "convention": target.convention,
-                "share_id": target.share.share_id.hex()}
-
-    async def _sync_keeper(self) -> None:
-        """Keep every OCI target's listener deposited with the keeper, whatever order the
-        two restart in: one connection for as long as the keeper lives; on it, each such
-        target is deposited once (the keeper ignores a listener it holds already). When
-        the keeper goes away (EOF), connect again with backoff and deposit them all
-        again: a keeper that restarted holds nothing, and a deposit that failed is
-        retried. So a listener is lost only if fhmon and the keeper are down together."""
-        delay, outage = 0.05, False
-        while True:
-            try:
-                deposited = await self._keeper_session()
-            except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                self._count_failed_deposits()
-                if not outage:
-                    log.event("keeper_unreachable", logging.WARNING,
-                              keeper=self.config.keeper_socket, error=str(exc),
-                              hint="listeners are deposited once it is back")
-                outage = True
-            else:
-                log.event("keeper_lost", logging.WARNING, keeper=self.config.keeper_socket,
-                          deposited=deposited, hint="depositing again once it is back")
-                outage, delay = True, 0.05
-            await trio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-    def _count_failed_deposits(self) -> None:
-        """fhmon_keeper_deposits_total{outcome="failed"}: once for each target whose
-        listener could not be handed to the keeper at all yet (it is retried until the
-        keeper is back); a target already deposited once is not counted again when a
-        keeper dies (keeper_lost says that)."""
-        for target in self.targets.values():
-            if (target.convention == "oci" and target.target_id not in self._ever_deposited
-                    and target.target_id not in self._failed_deposits):
-                self._failed_deposits.add(target.target_id)
-                self.metrics.count_deposit("failed")
-
-    async def _keeper_session(self) -> int:
-        """One connection to the keeper, until it closes; returns how many deposits."""
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        with sock:
-            with trio.fail_after(5):
-                await sock.connect(self.config.keeper_socket)
-            deposited: set[int] = set()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_eof, sock, nursery.cancel_scope)
-                first = True
-                while True:
-                    self._keeper_dirty = trio.Event()  # before the scan: nothing is missed
-                    for target in list(self.targets.values()):
-                        if target.convention != "oci" or target.target_id in deposited:
-                            continue
-                        frame = keeper_wire.encode({"op": "deposit",
-                                                    "target": self._keeper_record(target)})
-                        with trio.fail_after(5):
-                            await sock.sendmsg([frame], fdpass.rights([target.listener.fd]))
-                        deposited.add(target.target_id)
-                        self._ever_deposited.add(target.target_id)
-                        self.metrics.count_deposit("ok")
-                        log.event("deposited", target=target.target_id,
-                                  keeper=self.config.keeper_socket)
-                    if first:
-                        log.event("keeper_synced", keeper=self.config.keeper_socket,
-                                  deposited=len(deposited))
-                        first = False
-                    await self._keeper_dirty.wait()
-        return len(deposited)
-
+    # --- the keeper (listeners that must outlive this process: monitor/keeper_client.py) ----
     async def restore_from_keeper(self, nursery: trio.Nursery) -> int:
         """Withdraw every listener the keeper holds; restart their stuck calls; serve them."""
-        from monitor.launcher import restart_stuck_calls
-
+        assert self.keeper is not None
         restored = 0
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        entries: list[tuple[int, dict[str, Any]]] = []
-        with sock:
-            try:
-                with trio.fail_after(10):
-                    await sock.connect(self.config.keeper_socket)
-                    await sock.send(keeper_wire.encode({"op": "withdraw"}))
-                    decoder = keeper_wire.Decoder()
-                    fds: list[int] = []
-                    done = False
-                    while not done:
-                        data, fds = await recv_with_fds(sock, fds)
-                        if not data:
-                            break
-                        decoder.feed(data)
-                        while (message := decoder.next_message()) is not None:
-                            if message["op"] == "listener" and fds:
-                                record = dict(message.get("target", {}))
-                                record["_restarted"] = message.get("restarted") is True
-                                entries.append((fds.pop(0), record))
-                            elif message["op"] == "end":
-                                done = True
-                    for fd in fds:
-                        close_quietly(fd)
-            except (OSError, trio.TooSlowError, keeper_wire.KeeperProtocolError) as exc:
-                log.event("keeper_unreachable", logging.WARNING, keeper=self.config.keeper_socket,
-                          error=str(exc))
+        entries = await self.keeper.withdraw()
         for fd, record in entries:
             pid, uid, gid = (int(record.get(key, 0)) for key in ("pid", "uid", "gid"))
             if not record.get("_restarted"):  # a keeper without pidfds (older version)
-                await restart_stuck_calls(pid)  # nobody answers them yet: a clean restart
+                # nobody answers them yet: a clean restart (best effort by pid: such a
+                # keeper kept no pidfd of the target)
+                await restart_stuck_calls_of(pid)
             # the client that registered it is gone: its recorded ids stand in for it
             creds = Credentials(uid, gid, (), -1 if uid == 0 else 0)
             try:
@@ -606,8 +442,8 @@ class Service:
     def _release(self, target: Target) -> None:
         """Forget a target whose filter has no task left (or that we stop serving)."""
         del self.targets[target.target_id]
-        self._ever_deposited.discard(target.target_id)
-        self._failed_deposits.discard(target.target_id)
+        if self.keeper is not None:
+            self.keeper.forget(target.target_id)
         target.close()
         log.event("target_gone", target=target.target_id, pid=target.pid, calls=target.calls)
 
@@ -656,7 +492,14 @@ class Service:
         return native.status_page(self._status_summary(), [t.describe() for t in targets],
                                   after, total=len(self.targets))
 
+    def flush_counters(self) -> None:
+        """Bring CallStats up to date with every call answered so far (the native plane
+        merges its own counts every 0.5 s otherwise)."""
+        if self._dispatch is not None:
+            self._dispatch.flush()
+
     def _status_summary(self) -> dict[str, Any]:
+        self.flush_counters()
         return {"counters": self.stats.as_dict(),
                 "keys": [f"{k:08x}" for k in self.keys.key_ids],
                 "signer": f"{self.keys.signer:08x}", "pid": os.getpid(),
@@ -665,16 +508,6 @@ class Service:
 
 
 # --- small I/O helpers ------------------------------------------------------------------
-
-async def _cancel_on_eof(sock: trio.socket.SocketType, scope: trio.CancelScope) -> None:
-    """The peer sends nothing: any byte or EOF (or error) ends the session."""
-    try:
-        while await sock.recv(4096):
-            pass
-    except OSError:
-        pass
-    scope.cancel()
-
 
 async def _stop_on_cancel(stop: Callable[[], None]) -> None:
     try:

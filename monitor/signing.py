@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives import hmac as crypto_hmac
 
 from monitor import linux
-from protocol import signed_handle
+from protocol import kernel, signed_handle
 
 MIN_KEY_BYTES: Final = 32
 MAX_KEY_BYTES: Final = 1024  # far above any real key; bounds what a key file may hold
@@ -215,7 +215,7 @@ def _read_entry(directory: Path, dir_fd: int, name: str,
     MAX_KEY_FILE_BYTES is refused before a byte is read."""
     path = directory / name
     why = f": {purpose}" if purpose else ""
-    resolve = linux.RESOLVE_BENEATH | linux.RESOLVE_NO_MAGICLINKS
+    resolve = kernel.RESOLVE_BENEATH | kernel.RESOLVE_NO_MAGICLINKS
     try:
         probe = linux.openat2(dir_fd, name.encode(), os.O_PATH | os.O_CLOEXEC, resolve)
     except OSError as exc:

@@ -253,7 +253,7 @@ class TargetThread:
         pidfd = None
         if not (self._entry_alive or cache.has_live(self.tid)):
             try:
-                pidfd = linux.pidfd_open(self.tid, linux.PIDFD_THREAD)
+                pidfd = linux.pidfd_open(self.tid, kernel.PIDFD_THREAD)
             except OSError:
                 pidfd = None
         try:
@@ -402,7 +402,7 @@ class TargetThread:
         """pidfd_getfd through a new pidfd, kept in the cache afterwards."""
         thread_pidfd = True
         try:
-            pidfd = linux.pidfd_open(self.tid, linux.PIDFD_THREAD)
+            pidfd = linux.pidfd_open(self.tid, kernel.PIDFD_THREAD)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise self._resource_error(exc) from None

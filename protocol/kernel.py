@@ -65,6 +65,75 @@ FILEID_VALID_USER_FLAGS: Final = FILEID_IS_CONNECTABLE | FILEID_IS_DIR
 PATH_MAX: Final = 4096
 PAGE_SIZE: Final = 4096
 
+# --- the rest of the kernel fhmon's monitor uses (x86_64) ------------------------------
+# syscalls Python's standard library does not wrap (monitor/linux.py), and seccomp's own
+SYS_SETGROUPS: Final = 116
+SYS_SETFSUID: Final = 122
+SYS_SETFSGID: Final = 123
+SYS_CAPGET: Final = 125
+SYS_CAPSET: Final = 126
+SYS_FSTATFS: Final = 138
+SYS_PROCESS_VM_READV: Final = 310
+SYS_PROCESS_VM_WRITEV: Final = 311
+SYS_KCMP: Final = 312
+SYS_SECCOMP: Final = 317
+SYS_STATX: Final = 332
+SYS_PIDFD_OPEN: Final = 434
+SYS_OPENAT2: Final = 437
+SYS_PIDFD_GETFD: Final = 438
+PIDFD_THREAD: Final = 0o200  # pidfd_open(2): a thread, not a process (O_EXCL's bit)
+SECCOMP_SET_MODE_FILTER: Final = 1
+SECCOMP_FILTER_FLAG_NEW_LISTENER: Final = 1 << 3
+KCMP_FILE: Final = 0
+# openat2(2) resolve flags
+RESOLVE_NO_XDEV: Final = 0x01
+RESOLVE_NO_MAGICLINKS: Final = 0x02
+RESOLVE_NO_SYMLINKS: Final = 0x04
+RESOLVE_BENEATH: Final = 0x08
+RESOLVE_IN_ROOT: Final = 0x10
+# statx(2) mask bits
+STATX_TYPE: Final = 0x1
+STATX_MODE: Final = 0x2
+STATX_INO: Final = 0x100
+STATX_MNT_ID: Final = 0x1000
+STATX_MNT_ID_UNIQUE: Final = 0x4000
+# prctl(2) options
+PR_SET_DUMPABLE: Final = 4
+PR_CAPBSET_DROP: Final = 24
+PR_SET_NO_NEW_PRIVS: Final = 38
+# capabilities (linux/capability.h)
+LINUX_CAPABILITY_VERSION_3: Final = 0x20080522
+CAP_CHOWN: Final = 0
+CAP_DAC_OVERRIDE: Final = 1
+CAP_DAC_READ_SEARCH: Final = 2
+CAP_FOWNER: Final = 3
+CAP_KILL: Final = 5
+CAP_SETGID: Final = 6
+CAP_SETUID: Final = 7
+CAP_SETPCAP: Final = 8
+CAP_SYS_PTRACE: Final = 19
+# inode attribute flags (linux/fs.h) and the filesystem UUID ioctl
+FS_IOC_GETFLAGS: Final = 0x80086601
+FS_IMMUTABLE_FL: Final = 0x10
+FS_APPEND_FL: Final = 0x20
+FS_IOC_GETFSUUID: Final = 0x80111500  # _IOR(0x15, 0, struct fsuuid2 {u8 len; u8 uuid[16]})
+FSUUID2_SIZE: Final = 17
+# statfs(2) f_type of the local filesystems fhmon trusts to keep their own promises
+# (linux/magic.h): ext2/3/4, xfs, btrfs, tmpfs, f2fs
+EXT4_SUPER_MAGIC: Final = 0xEF53
+XFS_SUPER_MAGIC: Final = 0x58465342
+BTRFS_SUPER_MAGIC: Final = 0x9123683E
+TMPFS_MAGIC: Final = 0x01021994
+F2FS_SUPER_MAGIC: Final = 0xF2F52010
+# struct statfs: f_type long @0, ..., f_fsid 2 x int @56, f_namelen, f_frsize, f_flags long
+# @80, f_spare[4]
+STATFS: Final = struct.Struct("<q48x8s16xq32x")
+# struct statx: stx_mask u32 @0, stx_mode u16 @28, stx_ino u64 @32, stx_dev_major u32 @136,
+# stx_dev_minor u32 @140, stx_mnt_id u64 @144
+STATX_FIELDS: Final = struct.Struct("<I24xH114xQ")
+STATX_IDENTITY: Final = struct.Struct("<I24xH2xQ96xIIQ")
+OPEN_HOW: Final = struct.Struct("<QQQ")  # openat2(2): flags, mode, resolve
+
 _NOTIF = struct.Struct("<QIIiIQ6Q")
 _RESP = struct.Struct("<QqiI")
 _ADDFD = struct.Struct("<QIIII")

@@ -67,11 +67,11 @@ def resolve(thread: TargetThread, dirfd: int, path: bytes, follow: bool) -> int:
     target). Magic links (/proc/PID/fd/N and friends) are refused with ELOOP: they would
     resolve in fhmon's context, not the target's.
     """
-    resolve_flags = linux.RESOLVE_NO_MAGICLINKS
+    resolve_flags = kernel.RESOLVE_NO_MAGICLINKS
     if path.startswith(b"/"):
         base = thread.open_root()
         if not _same_root_as_ours(base):
-            resolve_flags |= linux.RESOLVE_IN_ROOT
+            resolve_flags |= kernel.RESOLVE_IN_ROOT
     elif dirfd == kernel.AT_FDCWD:
         base = thread.open_cwd()
     else:

@@ -197,20 +197,17 @@ def _chmod_would_succeed(fd: int, fsuid: int) -> bool:
         return True  # the attribute flags need an open file: asked again on the real fd
     attributes = array.array("i", [0])
     try:
-        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, attributes, True)
+        fcntl.ioctl(fd, kernel.FS_IOC_GETFLAGS, attributes, True)
     except OSError as exc:
         return exc.errno in (errno.ENOTTY, errno.EOPNOTSUPP)  # no such flags at all
-    return not attributes[0] & (_FS_IMMUTABLE_FL | _FS_APPEND_FL)
+    return not attributes[0] & (kernel.FS_IMMUTABLE_FL | kernel.FS_APPEND_FL)
 
 
-_FS_IOC_GETFLAGS = 0x80086601
-_FS_IMMUTABLE_FL = 0x10
-_FS_APPEND_FL = 0x20
 # statfs f_type of local filesystems whose chmod by the owner always takes
 _CHMOD_KEEPING_FILESYSTEMS = frozenset({
-    0xEF53,  # ext2, ext3, ext4
-    0x58465342,  # xfs
-    0x9123683E,  # btrfs
-    0x01021994,  # tmpfs
-    0xF2F52010,  # f2fs
+    kernel.EXT4_SUPER_MAGIC,  # ext2, ext3, ext4
+    kernel.XFS_SUPER_MAGIC,
+    kernel.BTRFS_SUPER_MAGIC,
+    kernel.TMPFS_MAGIC,
+    kernel.F2FS_SUPER_MAGIC,
 })

@@ -45,14 +45,14 @@ def _install_library_lookup() -> None:
 
 _install_library_lookup()
 
-PR_SET_DUMPABLE = 4
 
 
 def _not_dumpable() -> None:
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    if ctypes.CDLL(None, use_errno=True).prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         print("fhmon launch: cannot make the launcher non-dumpable", file=sys.stderr)
 
 from monitor import launcher  # noqa: E402  (after the lookup: pyseccomp loads at import)
+from protocol import kernel  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ use crate::abi::{self, Notification};
 use crate::creds::{ActingAs, Baseline};
 use crate::handle::{self, MAX_HANDLE_SZ, MAX_KERNEL_HANDLE_SIZE};
 use crate::mac::{KeyRing, ShareId};
-use crate::policy::{self, PATH_MAX, Paths, ShareFacts};
+use crate::policy::{self, PATH_MAX, ShareFacts, ShareRoot};
 use crate::status::Status;
 use crate::sys::{self, Errno};
 
@@ -57,11 +57,21 @@ pub struct Config {
 }
 
 pub struct Share {
+    /// signing.share_id_from_handle of the root, computed by Python at registration
     pub share_id: ShareId,
-    pub dev: u64,
     pub dir_fd: OwnedFd,
     pub path_fd: OwnedFd,
     pub facts: ShareFacts,
+}
+
+impl Share {
+    fn root(&self) -> ShareRoot<'_> {
+        ShareRoot {
+            facts: &self.facts,
+            path_fd: self.path_fd.as_fd(),
+            dir_fd: self.dir_fd.as_fd(),
+        }
+    }
 }
 
 /// A refusal for the audit log, as monitor/metrics.py audit_middleware writes it.
@@ -428,12 +438,10 @@ impl Plane {
         let Ok((mode, obj_mount)) = sys::statx_mode_mount(obj.as_fd()) else {
             return err(libc::EIO);
         };
-        let mut paths = FdPaths {
-            obj: obj.as_fd(),
-            share: target.share.path_fd.as_fd(),
-        };
-        if let Err(refusal) = policy::check_resolved(&target.share.facts, obj_mount, &mut paths) {
-            return Outcome::Error(refusal.errno, Some(refusal.reason));
+        if let Err(refusal) =
+            policy::check_resolved(&target.share.root(), obj.as_fd(), mode, obj_mount)
+        {
+            return Outcome::Error(refusal.errno, refusal.reason);
         }
         let passthrough = flags & (abi::AT_HANDLE_FID | abi::AT_HANDLE_MNT_ID_UNIQUE);
         let mut kernel_bytes = [0u8; MAX_HANDLE_SZ];
@@ -594,7 +602,7 @@ impl Plane {
         n: &Notification,
         name: &[u8],
     ) -> Result<OwnedFd, Outcome> {
-        let fd = sys::open_proc_link(n.pid, name).map_err(|_| Outcome::Gone)?;
+        let fd = sys::open_proc_link(n.pid, name).map_err(|e| resource_or_gone(target, n, e))?;
         if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
             return Err(Outcome::Gone);
         }
@@ -644,9 +652,8 @@ impl Plane {
             sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD).ok()
         };
         let mut buf = [0u8; 8192];
-        let Ok(len) = sys::read_proc_status(n.pid, &mut buf) else {
-            return Err(Outcome::Gone);
-        };
+        let len =
+            sys::read_proc_status(n.pid, &mut buf).map_err(|e| resource_or_gone(target, n, e))?;
         if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
             return Err(Outcome::Gone);
         }
@@ -743,7 +750,7 @@ impl Plane {
             copy[..f_handle.len()].copy_from_slice(f_handle);
             (copy, f_handle.len())
         };
-        if mount_dev != target.share.dev {
+        if mount_dev != target.share.facts.dev {
             return Outcome::Error(libc::ESTALE, Some("mount_fd on another filesystem"));
         }
         let obj = match sys::open_by_handle_at(
@@ -767,14 +774,10 @@ impl Plane {
                 Some("fhmon opens only directories and regular files"),
             );
         }
-        let mut paths = FdPaths {
-            obj: obj.as_fd(),
-            share: target.share.path_fd.as_fd(),
-        };
         if let Err(refusal) =
-            policy::check_opened(&target.share.facts, is_dir, obj_mount, &mut paths)
+            policy::check_opened(&target.share.root(), obj.as_fd(), is_dir, obj_mount)
         {
-            return Outcome::Error(refusal.errno, Some(refusal.reason));
+            return Outcome::Error(refusal.errno, refusal.reason);
         }
         let opened = match self.reopen_as_target(target, n, base, memo, obj.as_fd(), flags, is_dir)
         {
@@ -808,7 +811,8 @@ impl Plane {
     /// st_dev of the target's mount_fd (or of its cwd for AT_FDCWD).
     fn mount_fd_device(&self, target: &Target, n: &Notification, fd: i32) -> Result<u64, Outcome> {
         let ours = if fd == abi::AT_FDCWD {
-            let cwd = sys::open_proc_link(n.pid, b"cwd").map_err(|_| Outcome::Gone)?;
+            let cwd =
+                sys::open_proc_link(n.pid, b"cwd").map_err(|e| resource_or_gone(target, n, e))?;
             if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
                 return Err(Outcome::Gone);
             }
@@ -831,8 +835,9 @@ impl Plane {
     }
 
     /// _reopen_as_target: the open the target asked for, with its own credentials; O_PATH
-    /// becomes a real read-only (else write-only) open, or a read-only fd fhmon opens for
-    /// an owner who could chmod itself access.
+    /// becomes a real read-only (else write-only) open, or a read-only fd fhmon opens when
+    /// the target's own chmod(2) could give itself read access right now
+    /// (policy::chmod_would_succeed); otherwise the first attempt's errno (EACCES).
     #[allow(clippy::too_many_arguments)]
     fn reopen_as_target(
         &self,
@@ -878,14 +883,18 @@ impl Plane {
                 }
             }
         }
-        let owned = sys::fstat_dev_uid(obj).map_err(|_| err(libc::EIO))?.1 == creds.fsuid;
-        if flags & abi::O_PATH != 0 && first_error == libc::EACCES && owned {
-            let fd = sys::reopen(obj, attempts[0] | abi::O_CLOEXEC).map_err(|_| err(libc::EIO))?;
-            let chmod_possible = match sys::inode_flags(fd.as_fd()) {
-                Ok(f) => f & (0x10 | 0x20) == 0, // FS_IMMUTABLE_FL | FS_APPEND_FL
-                Err(_) => true,                  // the filesystem has no such flags
-            };
-            if chmod_possible {
+        if flags & abi::O_PATH != 0
+            && first_error == libc::EACCES
+            && policy::chmod_would_succeed(obj, creds.fsuid)
+        {
+            // The target could chmod itself read access right now and then open it, so a
+            // read-only fd grants it nothing new; opened by fhmon (CAP_DAC_READ_SEARCH
+            // passes the read check), then the open file is asked once more.
+            let fd = sys::reopen(obj, attempts[0] | abi::O_CLOEXEC).map_err(|e| {
+                let failure = policy::failed(e);
+                err(failure.errno)
+            })?;
+            if policy::chmod_would_succeed(fd.as_fd(), creds.fsuid) {
                 return Ok(fd);
             }
         }
@@ -910,7 +919,7 @@ impl Plane {
         let pidfd = match sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD) {
             Ok(p) => p,
             Err(libc::EINVAL) => return Err(Outcome::Defer), // a kernel before 6.9
-            Err(_) => return Err(Outcome::Gone),
+            Err(e) => return Err(resource_or_gone(target, n, e)),
         };
         let ours = sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| getfd_error(target, n, e))?;
         remember(&mut cache, n.pid, pidfd, None);
@@ -918,10 +927,13 @@ impl Plane {
     }
 }
 
+/// Cache a thread's pidfd. A full cache takes no new entry (the pidfd is closed when it
+/// drops): it never probes its entries on a put, which made every call of a target with
+/// thousands of threads cost a pidfd_alive per cached thread (issue 17's item 7, as the
+/// reference's ThreadCache.put); the once-a-second sweep makes room when threads exit.
 fn remember(cache: &mut Vec<ThreadEntry>, tid: u32, pidfd: OwnedFd, frozen: Option<Arc<Status>>) {
-    cache.retain(|e| e.tid != tid);
-    if cache.len() >= PIDFD_CACHE {
-        cache.retain(|e| sys::pidfd_alive(e.pidfd.as_fd()));
+    if let Some(i) = cache.iter().position(|e| e.tid == tid) {
+        cache.swap_remove(i);
     }
     if cache.len() < PIDFD_CACHE {
         cache.push(ThreadEntry { tid, pidfd, frozen });
@@ -968,8 +980,27 @@ fn getfd_error(target: &Target, n: &Notification, e: Errno) -> Outcome {
     if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
         return Outcome::Gone;
     }
-    if e == libc::EBADF {
-        err(libc::EBADF)
+    if e == libc::EBADF || is_resource_errno(e) {
+        err(e)
+    } else {
+        Outcome::Gone
+    }
+}
+
+/// Out of fds or memory in fhmon (EMFILE, ENFILE, ENOMEM): the kernel's own answer in that
+/// state, as the reference's RESOURCE_ERRNOS (monitor/target.py).
+fn is_resource_errno(e: Errno) -> bool {
+    matches!(e, libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+}
+
+/// A failed pidfd_open, /proc open or /proc read: out of fds or memory is answered while
+/// the call still waits (never "the caller went away", which answers nothing and leaves
+/// the target waiting for good); any other failure means the caller is gone.
+fn resource_or_gone(target: &Target, n: &Notification, e: Errno) -> Outcome {
+    if is_resource_errno(e)
+        && matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true))
+    {
+        err(e)
     } else {
         Outcome::Gone
     }
@@ -1001,20 +1032,6 @@ fn write(target: &Target, n: &Notification, chunks: &[(u64, &[u8])]) -> Result<(
         Ok(_) => Err(err(libc::EFAULT)),
         Err(libc::ESRCH) => Err(Outcome::Gone),
         Err(_) => Err(err(libc::EIO)),
-    }
-}
-
-struct FdPaths<'a> {
-    obj: BorrowedFd<'a>,
-    share: BorrowedFd<'a>,
-}
-
-impl Paths for FdPaths<'_> {
-    fn object_path<'b>(&mut self, buf: &'b mut [u8; PATH_MAX]) -> Result<&'b [u8], i32> {
-        sys::fd_path(self.obj, buf)
-    }
-    fn share_path<'b>(&mut self, buf: &'b mut [u8; PATH_MAX]) -> Result<&'b [u8], i32> {
-        sys::fd_path(self.share, buf)
     }
 }
 

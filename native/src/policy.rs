@@ -1,30 +1,71 @@
-//! Inside-the-share checks, ported from monitor/policy.py (check_resolved, check_opened) as
-//! they are on main, kept in this one module so that a change of policy lands in one place.
+//! Inside-the-share checks and the O_PATH fallback's chmod rule, ported from
+//! monitor/policy.py (check_resolved, check_opened, _dir_inside, _file_inside, _parent_dir)
+//! and monitor/handlers/open_by_handle_at.py (_chmod_would_succeed), errno for errno and
+//! reason for reason, kept in this one module so that a change of policy lands in one place.
 //!
-//! The checks see the filesystem only through `Paths` (the /proc/self/fd links of the object
-//! and of the share's pinned root), read into caller buffers: no allocation per call.
+//! "Inside" is decided on fds, never on path strings alone: walking '..' from the object (a
+//! directory, or a file's parent directory) must meet the share root (its st_dev and st_ino
+//! on the share's mount) before it leaves that mount or tops out; the kernel answers ENOENT
+//! for '..' of a dentry that a bind mount of a subdirectory does not show. Only a share that
+//! covers its whole filesystem (`whole_fs`, decided by Python at registration: pin_share)
+//! skips the walk. No path has to fit in PATH_MAX, and no allocation happens per call.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use crate::abi;
+use crate::handle::MAX_HANDLE_SZ;
+use crate::sys::{self, Errno};
 
 pub const PATH_MAX: usize = 4096;
 
 /// A refused call: the errno the target gets and the reason the audit log records (the
-/// same words as monitor/policy.py).
+/// same words as monitor/policy.py), or a failure of fhmon's own syscalls (the reference's
+/// "handler failed": EIO, or the resource errno itself), which has no reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Refusal {
     pub errno: i32,
-    pub reason: &'static str,
+    pub reason: Option<&'static str>,
 }
 
-/// What the checks need about a share, fixed at registration.
+fn refused(errno: i32, reason: &'static str) -> Refusal {
+    Refusal {
+        errno,
+        reason: Some(reason),
+    }
+}
+
+/// An OSError the reference does not catch: monitor/handlers/registry.py answers the
+/// resource errnos as they are (monitor/target.py RESOURCE_ERRNOS), anything else EIO.
+pub fn failed(errno: Errno) -> Refusal {
+    let errno = match errno {
+        libc::EMFILE | libc::ENFILE | libc::ENOMEM => errno,
+        _ => libc::EIO,
+    };
+    Refusal {
+        errno,
+        reason: None,
+    }
+}
+
+/// What the checks need about a share, fixed at registration (monitor/policy.py Share).
 #[derive(Clone, Copy, Debug)]
 pub struct ShareFacts {
+    /// unique mount id of the share root
     pub mount_id: u64,
-    pub is_mount_root: bool,
+    pub dev: u64,
+    pub ino: u64,
+    /// the share root is the root of a mount that shows its (local) filesystem's root:
+    /// every inode a handle can name there is inside the share
+    pub whole_fs: bool,
 }
 
-/// Where the object and the share root are now (readlink of /proc/self/fd/N).
-pub trait Paths {
-    fn object_path<'b>(&mut self, buf: &'b mut [u8; PATH_MAX]) -> Result<&'b [u8], i32>;
-    fn share_path<'b>(&mut self, buf: &'b mut [u8; PATH_MAX]) -> Result<&'b [u8], i32>;
+/// A share as the checks see it: its facts and its pinned root (an O_PATH fd for paths, an
+/// O_RDONLY directory fd that serves as mount_fd for a parent's handle).
+#[derive(Clone, Copy)]
+pub struct ShareRoot<'a> {
+    pub facts: &'a ShareFacts,
+    pub path_fd: BorrowedFd<'a>,
+    pub dir_fd: BorrowedFd<'a>,
 }
 
 /// policy.is_below: path is root or lies under it (by path string).
@@ -43,100 +84,201 @@ pub fn strip_deleted(path: &[u8]) -> &[u8] {
     path.strip_suffix(b" (deleted)").unwrap_or(path)
 }
 
-fn path_error(errno: i32) -> Refusal {
-    Refusal {
-        errno: if errno == 0 { libc::EIO } else { errno },
-        reason: "cannot read a path from /proc/self/fd",
-    }
-}
-
-/// For name_to_handle_at: the looked-up object must be inside the share. EOPNOTSUPP for a
-/// submount inside the share, EACCES for anything outside it.
+/// For name_to_handle_at: the looked-up object (its fd, st_mode and unique mount id) must
+/// be inside the share. EOPNOTSUPP for a submount inside the share and for a file whose
+/// place cannot be checked; EACCES for anything outside the share.
 pub fn check_resolved(
-    share: &ShareFacts,
+    share: &ShareRoot<'_>,
+    obj: BorrowedFd<'_>,
+    mode: u32,
     obj_mount_id: u64,
-    paths: &mut impl Paths,
 ) -> Result<(), Refusal> {
-    let mut obj_buf = [0u8; PATH_MAX];
-    let mut share_buf = [0u8; PATH_MAX];
-    if obj_mount_id != share.mount_id {
-        let obj = paths.object_path(&mut obj_buf).map_err(path_error)?;
-        let root = paths.share_path(&mut share_buf).map_err(path_error)?;
-        if is_below(obj, root) {
-            return Err(Refusal {
-                errno: libc::EOPNOTSUPP,
-                reason: "object on a submount inside the share",
-            });
+    if obj_mount_id != share.facts.mount_id {
+        let mut obj_buf = [0u8; PATH_MAX];
+        let mut share_buf = [0u8; PATH_MAX];
+        // too deep to print: outside for this answer, refused either way
+        let on_submount = match (
+            sys::fd_path(obj, &mut obj_buf),
+            sys::fd_path(share.path_fd, &mut share_buf),
+        ) {
+            (Ok(path), Ok(root)) => is_below(path, root),
+            _ => false,
+        };
+        if on_submount {
+            return Err(refused(
+                libc::EOPNOTSUPP,
+                "object on a submount inside the share",
+            ));
         }
-        return Err(Refusal {
-            errno: libc::EACCES,
-            reason: "object outside the share (other mount)",
-        });
+        return Err(refused(
+            libc::EACCES,
+            "object outside the share (other mount)",
+        ));
     }
-    if share.is_mount_root {
+    if share.facts.whole_fs {
         return Ok(());
     }
-    let obj = paths.object_path(&mut obj_buf).map_err(path_error)?;
-    let root = paths.share_path(&mut share_buf).map_err(path_error)?;
-    if !is_below(strip_deleted(obj), root) {
-        return Err(Refusal {
-            errno: libc::EACCES,
-            reason: "object outside the share",
-        });
+    let inside = if mode & libc::S_IFMT == libc::S_IFDIR {
+        dir_inside(share.facts, obj)
+    } else {
+        file_inside(share, obj)
+    }?;
+    if !inside {
+        return Err(refused(libc::EACCES, "object outside the share"));
     }
     Ok(())
 }
 
 /// For open_by_handle_at: the object must be on the share's mount; a directory of a share
-/// that is not its mount's root must still be below the share (directories are connected;
-/// non-directories are trusted on their MAC, like NFS no_subtree_check).
+/// that does not cover its whole filesystem must still be inside it (directories are
+/// connected; non-directories are trusted on their MAC, like NFS no_subtree_check).
 pub fn check_opened(
-    share: &ShareFacts,
+    share: &ShareRoot<'_>,
+    obj: BorrowedFd<'_>,
     is_dir: bool,
     obj_mount_id: u64,
-    paths: &mut impl Paths,
 ) -> Result<(), Refusal> {
-    if obj_mount_id != share.mount_id {
-        return Err(Refusal {
-            errno: libc::ESTALE,
-            reason: "opened object not on the share's mount",
-        });
+    if obj_mount_id != share.facts.mount_id {
+        return Err(refused(
+            libc::ESTALE,
+            "opened object not on the share's mount",
+        ));
     }
-    if share.is_mount_root || !is_dir {
+    if share.facts.whole_fs || !is_dir {
         return Ok(());
+    }
+    if !dir_inside(share.facts, obj)? {
+        return Err(refused(
+            libc::ESTALE,
+            "directory no longer inside the share",
+        ));
+    }
+    Ok(())
+}
+
+/// policy._dir_inside: walk '..' from a directory fd; inside when the walk meets the share
+/// root (same inode on the share's mount) before it leaves that mount, tops out, or the
+/// kernel refuses '..'. Err: a statx failed (the reference lets that OSError through).
+pub fn dir_inside(share: &ShareFacts, dir: BorrowedFd<'_>) -> Result<bool, Refusal> {
+    let (_, mut dev, mut ino, mut mnt) = sys::statx_identity(dir).map_err(failed)?;
+    let mut cur: Option<OwnedFd> = None;
+    loop {
+        if mnt != share.mount_id {
+            return Ok(false);
+        }
+        if (dev, ino) == (share.dev, share.ino) {
+            return Ok(true);
+        }
+        let at = cur.as_ref().map_or(dir, |fd| fd.as_fd());
+        let Ok(parent) = sys::open_parent(at) else {
+            return Ok(false);
+        };
+        let (_, pdev, pino, pmnt) = sys::statx_identity(parent.as_fd()).map_err(failed)?;
+        cur = Some(parent); // the previous level's fd is closed here
+        if (pdev, pino, pmnt) == (dev, ino, mnt) {
+            return Ok(false); // '..' of a root is itself: the walk went past everything
+        }
+        (dev, ino, mnt) = (pdev, pino, pmnt);
+    }
+}
+
+/// policy._file_inside: a non-directory is inside when its parent directory (from its
+/// connectable handle, on the generic exportfs layouts) is; elsewhere the printed path
+/// decides, and one that does not print is EOPNOTSUPP (virtiofsd keeps its O_PATH fd).
+fn file_inside(share: &ShareRoot<'_>, obj: BorrowedFd<'_>) -> Result<bool, Refusal> {
+    if let Some(parent) = parent_dir(share, obj) {
+        return dir_inside(share.facts, parent.as_fd());
     }
     let mut obj_buf = [0u8; PATH_MAX];
     let mut share_buf = [0u8; PATH_MAX];
-    let obj = paths.object_path(&mut obj_buf).map_err(path_error)?;
-    let root = paths.share_path(&mut share_buf).map_err(path_error)?;
-    if !is_below(obj, root) {
-        return Err(Refusal {
-            errno: libc::ESTALE,
-            reason: "directory no longer inside the share",
-        });
+    let path = sys::fd_path(obj, &mut obj_buf).map_err(unverifiable)?;
+    let root = sys::fd_path(share.path_fd, &mut share_buf).map_err(unverifiable)?;
+    Ok(is_below(strip_deleted(path), root))
+}
+
+/// The reason monitor/policy.py gives: "file's place cannot be checked (strerror)".
+fn unverifiable(errno: Errno) -> Refusal {
+    let reason = match errno {
+        libc::ENAMETOOLONG => "file's place cannot be checked (File name too long)",
+        libc::ENOENT => "file's place cannot be checked (No such file or directory)",
+        libc::EMFILE => "file's place cannot be checked (Too many open files)",
+        libc::ENFILE => "file's place cannot be checked (Too many open files in system)",
+        libc::ENOMEM => "file's place cannot be checked (Cannot allocate memory)",
+        libc::EACCES => "file's place cannot be checked (Permission denied)",
+        _ => "file's place cannot be checked (Input/output error)",
+    };
+    refused(libc::EOPNOTSUPP, reason)
+}
+
+/// policy._PARENT_LAYOUTS: for a file-with-parent handle type of the kernel's generic
+/// exportfs layouts (include/linux/exportfs.h), the type of the parent's own handle and
+/// where its bytes lie in the file's handle.
+pub fn parent_layout(handle_type: i32) -> Option<(i32, std::ops::Range<usize>)> {
+    const FILEID_USER_FLAGS_MASK: u32 = 0xFFFF_0000;
+    match handle_type as u32 & !FILEID_USER_FLAGS_MASK {
+        2 => Some((1, 8..16)), // FILEID_INO32_GEN_PARENT: ino, gen, parent ino, gen
+        0x82 => Some((0x81, 12..24)), // xfs's 64-bit: ino64, gen, parent ino64, parent gen
+        _ => None,
     }
-    Ok(())
+}
+
+/// policy._parent_dir: an O_PATH fd of the directory a non-directory's dentry hangs from.
+fn parent_dir(share: &ShareRoot<'_>, obj: BorrowedFd<'_>) -> Option<OwnedFd> {
+    let mut bytes = [0u8; MAX_HANDLE_SZ];
+    let flags = abi::AT_HANDLE_CONNECTABLE | abi::AT_SYMLINK_FOLLOW;
+    // no connectable handles here, or a disconnected dentry: None
+    let (handle_type, len, _) = sys::name_to_handle_at_of_fd(obj, flags, &mut bytes).ok()?;
+    let (parent_type, at) = parent_layout(handle_type)?;
+    if len < at.end {
+        return None;
+    }
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    sys::open_by_handle_at(share.dir_fd, parent_type, &bytes[at], flags).ok()
+}
+
+/// statfs f_type of local filesystems whose chmod by the owner always takes
+/// (open_by_handle_at.py _CHMOD_KEEPING_FILESYSTEMS).
+const CHMOD_KEEPING_FILESYSTEMS: [i64; 5] = [
+    0xEF53,     // ext2, ext3, ext4
+    0x58465342, // xfs
+    0x9123683E, // btrfs
+    0x01021994, // tmpfs
+    0xF2F52010, // f2fs
+];
+const ST_RDONLY: i64 = 1;
+const FS_IMMUTABLE_FL: i32 = 0x10;
+const FS_APPEND_FL: i32 = 0x20;
+
+/// open_by_handle_at.py _chmod_would_succeed: whether chmod(2) by a caller with this fsuid
+/// would pass every check the kernel makes that fhmon can see: the caller owns the inode,
+/// neither the mount nor the superblock is read-only, the inode is neither immutable nor
+/// append-only (asked only on a real open file: an O_PATH fd answers true here and is
+/// asked again once reopened), and the filesystem keeps the modes it is given. Fails
+/// closed on any error but "this filesystem has no such flags".
+pub fn chmod_would_succeed(fd: BorrowedFd<'_>, fsuid: u32) -> bool {
+    match sys::fstat_dev_uid(fd) {
+        Ok((_, uid)) if uid == fsuid => {}
+        _ => return false,
+    }
+    match sys::fstatfs_type_flags(fd) {
+        Ok((f_type, f_flags))
+            if f_flags & ST_RDONLY == 0 && CHMOD_KEEPING_FILESYSTEMS.contains(&f_type) => {}
+        _ => return false,
+    }
+    match sys::fcntl_getfl(fd) {
+        Ok(fl) if fl & libc::O_PATH != 0 => return true,
+        Ok(_) => {}
+        Err(_) => return false,
+    }
+    match sys::inode_flags(fd) {
+        Ok(flags) => flags & (FS_IMMUTABLE_FL | FS_APPEND_FL) == 0,
+        Err(e) => e == libc::ENOTTY || e == libc::EOPNOTSUPP, // no such flags at all
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    struct Fixed(&'static [u8], &'static [u8]);
-
-    fn fill<'b>(src: &[u8], buf: &'b mut [u8; PATH_MAX]) -> &'b [u8] {
-        buf[..src.len()].copy_from_slice(src);
-        &buf[..src.len()]
-    }
-
-    impl Paths for Fixed {
-        fn object_path<'b>(&mut self, buf: &'b mut [u8; PATH_MAX]) -> Result<&'b [u8], i32> {
-            Ok(fill(self.0, buf))
-        }
-        fn share_path<'b>(&mut self, buf: &'b mut [u8; PATH_MAX]) -> Result<&'b [u8], i32> {
-            Ok(fill(self.1, buf))
-        }
-    }
 
     #[test]
     fn below_is_by_component() {
@@ -144,52 +286,103 @@ mod tests {
         assert!(is_below(b"/srv/share/a", b"/srv/share/"));
         assert!(!is_below(b"/srv/shared", b"/srv/share"));
         assert!(is_below(b"/anything", b"/"));
+        assert_eq!(strip_deleted(b"/s/a (deleted)"), b"/s/a");
     }
 
     #[test]
-    fn resolved_checks_in_policy_order() {
-        let share = ShareFacts {
-            mount_id: 7,
-            is_mount_root: false,
-        };
-        let mut inside = Fixed(b"/s/a", b"/s");
-        assert_eq!(check_resolved(&share, 7, &mut inside), Ok(()));
-        assert_eq!(
-            check_resolved(&share, 8, &mut inside).unwrap_err().errno,
-            libc::EOPNOTSUPP
-        );
-        let mut outside = Fixed(b"/t/a", b"/s");
-        assert_eq!(
-            check_resolved(&share, 8, &mut outside).unwrap_err().errno,
-            libc::EACCES
-        );
-        assert_eq!(
-            check_resolved(&share, 7, &mut outside).unwrap_err().reason,
-            "object outside the share"
-        );
-        let mut deleted = Fixed(b"/s/a (deleted)", b"/s");
-        assert_eq!(check_resolved(&share, 7, &mut deleted), Ok(()));
+    fn parent_layouts_ignore_user_flags() {
+        assert_eq!(parent_layout(2), Some((1, 8..16)));
+        assert_eq!(parent_layout(0x0002_0002), Some((1, 8..16)));
+        assert_eq!(parent_layout(0x82), Some((0x81, 12..24)));
+        assert_eq!(parent_layout(1), None);
+        assert_eq!(parent_layout(-1), None);
     }
 
+    fn open(path: &std::path::Path) -> OwnedFd {
+        std::fs::File::open(path).unwrap().into()
+    }
+
+    fn facts_of(root: BorrowedFd<'_>) -> ShareFacts {
+        let (_, dev, ino, mount_id) = sys::statx_identity(root).unwrap();
+        ShareFacts {
+            mount_id,
+            dev,
+            ino,
+            whole_fs: false,
+        }
+    }
+
+    /// On the real filesystem (the kernel is the oracle): a directory below the share is
+    /// inside, its sibling and a directory moved out are not, and a walk from deeper than
+    /// PATH_MAX works where a path string could not.
     #[test]
-    fn opened_trusts_non_directories() {
-        let share = ShareFacts {
-            mount_id: 7,
-            is_mount_root: false,
+    fn the_walk_decides_on_fds() {
+        let base = std::env::temp_dir().join(format!("fhmon-policy-{}", std::process::id()));
+        let share = base.join("share");
+        std::fs::create_dir_all(share.join("a/b")).unwrap();
+        std::fs::create_dir_all(base.join("other")).unwrap();
+        std::fs::write(share.join("a/file"), b"x").unwrap();
+        let root = open(&share);
+        let facts = facts_of(root.as_fd());
+        let root_view = ShareRoot {
+            facts: &facts,
+            path_fd: root.as_fd(),
+            dir_fd: root.as_fd(),
         };
-        let mut outside = Fixed(b"/", b"/s");
-        assert_eq!(check_opened(&share, false, 7, &mut outside), Ok(()));
+        let b = open(&share.join("a/b"));
+        assert_eq!(dir_inside(&facts, b.as_fd()), Ok(true));
+        assert_eq!(dir_inside(&facts, root.as_fd()), Ok(true));
+        let other = open(&base.join("other"));
+        assert_eq!(dir_inside(&facts, other.as_fd()), Ok(false));
+        let (mode, _, _, mnt) = sys::statx_identity(other.as_fd()).unwrap();
         assert_eq!(
-            check_opened(&share, true, 7, &mut outside)
-                .unwrap_err()
-                .errno,
-            libc::ESTALE
+            check_resolved(&root_view, other.as_fd(), mode, mnt),
+            Err(refused(libc::EACCES, "object outside the share"))
         );
         assert_eq!(
-            check_opened(&share, false, 6, &mut outside)
-                .unwrap_err()
-                .errno,
-            libc::ESTALE
+            check_opened(&root_view, other.as_fd(), true, mnt),
+            Err(refused(
+                libc::ESTALE,
+                "directory no longer inside the share"
+            ))
         );
+        assert_eq!(check_opened(&root_view, other.as_fd(), false, mnt), Ok(()));
+        let file = open(&share.join("a/file"));
+        let (mode, _, _, mnt) = sys::statx_identity(file.as_fd()).unwrap();
+        assert_eq!(check_resolved(&root_view, file.as_fd(), mode, mnt), Ok(()));
+        // moved out: the same fd is now outside
+        std::fs::rename(share.join("a"), base.join("other/a")).unwrap();
+        assert_eq!(dir_inside(&facts, b.as_fd()), Ok(false));
+        assert_eq!(
+            check_resolved(&root_view, file.as_fd(), mode, mnt),
+            Err(refused(libc::EACCES, "object outside the share"))
+        );
+        // deeper than PATH_MAX, built by fd (a path string would not fit)
+        let name = "d".repeat(200);
+        let mut deep = open(&share);
+        for _ in 0..25 {
+            std::fs::create_dir(format!("/proc/self/fd/{}/{name}", {
+                use std::os::fd::AsRawFd;
+                deep.as_raw_fd()
+            }))
+            .unwrap();
+            let next = std::fs::File::open(format!("/proc/self/fd/{}/{name}", {
+                use std::os::fd::AsRawFd;
+                deep.as_raw_fd()
+            }))
+            .unwrap();
+            deep = next.into();
+        }
+        let mut buf = [0u8; PATH_MAX];
+        assert_eq!(
+            sys::fd_path(deep.as_fd(), &mut buf),
+            Err(libc::ENAMETOOLONG)
+        );
+        assert_eq!(dir_inside(&facts, deep.as_fd()), Ok(true));
+        drop(deep);
+        let _ = std::process::Command::new("rm")
+            .arg("-rf")
+            .arg(&base)
+            .status();
     }
 }

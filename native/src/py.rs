@@ -146,6 +146,8 @@ impl PyPlane {
     }
 
     /// Serve a listener; every fd is duplicated (the plane closes its copies on remove).
+    /// The share's facts come from monitor/policy.py pin_share (whole_fs included), never
+    /// recomputed here, so both planes decide "inside" from the same registration.
     #[allow(clippy::too_many_arguments)]
     fn add(
         &self,
@@ -158,16 +160,18 @@ impl PyPlane {
         path_fd: i32,
         mount_id: u64,
         dev: u64,
-        is_mount_root: bool,
+        ino: u64,
+        whole_fs: bool,
     ) -> PyResult<()> {
         let share = crate::plane::Share {
             share_id: self::share_id(share_id)?,
-            dev,
             dir_fd: crate::sys::dup(dir_fd).map_err(os_error)?,
             path_fd: crate::sys::dup(path_fd).map_err(os_error)?,
             facts: crate::policy::ShareFacts {
                 mount_id,
-                is_mount_root,
+                dev,
+                ino,
+                whole_fs,
             },
         };
         let listener = crate::sys::dup(listener_fd).map_err(os_error)?;

@@ -360,6 +360,55 @@ pub fn statx_mode_mount(fd: BorrowedFd<'_>) -> Result<(u32, u64), Errno> {
     Ok((u32::from(stx.stx_mode), stx.stx_mnt_id))
 }
 
+/// statx(fd, "", AT_EMPTY_PATH): (st_mode, st_dev, st_ino, unique mount id), as
+/// linux.statx_identity: what the inside-the-share walk compares at each level.
+pub fn statx_identity(fd: BorrowedFd<'_>) -> Result<(u32, u64, u64, u64), Errno> {
+    // SAFETY: statx is plain old data; all-zero is a valid value to be overwritten.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let mask = libc::STATX_TYPE | libc::STATX_MODE | libc::STATX_INO | libc::STATX_MNT_ID_UNIQUE;
+    // SAFETY: the path is a NUL-terminated literal and stx a live struct statx.
+    let ret = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            mask,
+            &mut stx,
+        )
+    };
+    if ret < 0 {
+        return Err(last_errno());
+    }
+    if stx.stx_mask & (libc::STATX_MNT_ID_UNIQUE | libc::STATX_MNT_ID) == 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    Ok((u32::from(stx.stx_mode), dev, stx.stx_ino, stx.stx_mnt_id))
+}
+
+/// openat(dir, "..", O_PATH | O_DIRECTORY | O_CLOEXEC): the parent the kernel's own '..'
+/// gives (ENOENT for a dentry outside what its bind mount shows).
+pub fn open_parent(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    // SAFETY: the path is a NUL-terminated literal; openat returns a new fd or -1.
+    owned(unsafe { libc::openat(dir.as_raw_fd(), c"..".as_ptr(), flags) } as libc::c_long)
+}
+
+/// fstatfs: (f_type, f_flags) of the filesystem an fd (O_PATH too) is on, as
+/// linux.fstatfs; f_flags has ST_RDONLY when the mount or the superblock is read-only.
+pub fn fstatfs_type_flags(fd: BorrowedFd<'_>) -> Result<(i64, i64), Errno> {
+    // struct statfs on x86_64 is 15 longs (120 bytes): f_type [0], f_flags [10]; the libc
+    // crate's struct hides f_flags, so the raw syscall fills a buffer of the same layout.
+    let mut buf = [0i64; 15];
+    // SAFETY: buf is a live, exclusively borrowed, suitably aligned 120-byte buffer, the
+    // size of the kernel's struct statfs on this architecture; the kernel writes only it.
+    let ret = unsafe { libc::syscall(libc::SYS_fstatfs, fd.as_raw_fd(), buf.as_mut_ptr()) };
+    if ret < 0 {
+        return Err(last_errno());
+    }
+    Ok((buf[0], buf[10]))
+}
+
 /// n in decimal at the start of out (which has room for 10 digits); how many were written.
 fn write_decimal(n: u32, out: &mut [u8]) -> usize {
     let mut digits = [0u8; 10];
@@ -391,6 +440,9 @@ pub fn fd_path<'b>(fd: BorrowedFd<'_>, buf: &'b mut [u8]) -> Result<&'b [u8], Er
     let ret = unsafe { libc::readlink(link.as_ptr().cast(), buf.as_mut_ptr().cast(), buf.len()) };
     if ret < 0 {
         return Err(last_errno());
+    }
+    if ret as usize >= buf.len() {
+        return Err(libc::ENAMETOOLONG); // may be cut short: never compare a prefix
     }
     Ok(&buf[..ret as usize])
 }

@@ -30,7 +30,10 @@ from tests.conftest import Agent, Service, World
 from tests.handles import N2HResult
 
 HERE = Path(__file__).resolve().parent
-REPORT = HERE.parents[1] / "build" / "security.md"  # published to docs/ by publish.py
+# published to docs/ by publish.py; a run against another configuration writes its own
+_CONFIG = os.environ.get("FHMON_TEST_CONFIG")
+REPORT = HERE.parents[1] / "build" / (f"security-{Path(_CONFIG).stem}.md" if _CONFIG
+                                      else "security.md")
 # RSS never shrinks back exactly (the allocator keeps freed arenas): what must not happen is
 # growth with the size of an attack. 1,000 connections cost about 5 MiB once.
 RSS_TOLERANCE_KIB = 8 * 1024

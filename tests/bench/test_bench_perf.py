@@ -16,9 +16,10 @@ def test_bench_perf_splits_fhmon_cpu() -> None:
                            "3000"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    layers = {line.split()[0] for line in lines if line.endswith("us/call")}
-    # fhmon's own work shows up where it must: the interpreter, the kernel, and the
-    # syscalls open_by_handle_at is made of
-    for name in ("kernel", "interpreter", "ioctl", "open_by_handle_at", "openat"):
+    layers = {line.rsplit(None, 3)[0].strip() for line in lines if line.endswith("us/call")}
+    # fhmon's own work shows up where it must: the kernel and the syscalls
+    # open_by_handle_at is made of. (The code that answers is, with the defaults, the
+    # native plane: well under a microsecond a call, too few samples to require a row.)
+    for name in ("kernel", "ioctl", "open_by_handle_at", "openat"):
         assert name in layers, proc.stdout
     assert re.search(r"fhmon's CPU by layer \(\d+ samples", proc.stdout), proc.stdout

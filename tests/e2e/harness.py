@@ -628,8 +628,12 @@ def fhmon_service(rd: RunDir, fhmon: str | None = None, *, name: str = "fhmon",
             raise RuntimeError(f"fhmon keygen failed ({keygen.returncode}): {keygen.stderr}")
     sock = rd.base / f"{name}.sock"
     log_path = rd.base / f"{name}-serve.log"
+    # FHMON_TEST_CONFIG: the e2e runs against another configuration too (as tests/conftest.py's
+    # Service does), e.g. the Python reference data plane; serve_args come later and win.
+    base_config = os.environ.get("FHMON_TEST_CONFIG")
     argv = [fhmon, "serve", "--socket", str(sock), "--key-dir", str(key_dir),
-            "--allow", str(rd.share), *serve_args]
+            "--allow", str(rd.share), *(["--config", base_config] if base_config else []),
+            *serve_args]
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, cwd="/", process_group=0)

@@ -9,7 +9,11 @@ too: a handle one plane made opens under the other), and what an opened fd is.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Agent, Service, World
+from tests.conftest import NOBODY, Agent, Service, World
 from tests.handles import N2HResult
 
 AT_SYMLINK_FOLLOW = 0x400
@@ -38,11 +42,20 @@ def _service(world: World, name: str, plane: str, key_dir: Path) -> Service:
 
 
 @pytest.fixture(scope="module")
-def planes(world: World) -> Iterator[tuple[Agent, Agent]]:
+def plane_services(world: World) -> Iterator[tuple[Service, Service]]:
     python = _service(world, "plane-python", "python", world.base / "plane-keys")
     native = _service(world, "plane-native", "native", python.key_dir)
-    agents = (Agent(world, "fhmon", world.main, python.socket),
-              Agent(world, "fhmon", world.main, native.socket))
+    try:
+        yield python, native
+    finally:
+        for service in (python, native):
+            assert service.stop() == 0, service.log_text()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def planes(world: World, plane_services: tuple[Service, Service]) -> Iterator[tuple[Agent, Agent]]:
+    agents = tuple(Agent(world, "fhmon", world.main, service.socket)
+                   for service in plane_services)
     for agent in agents:
         agent.call("open", name="d_dir", path="dir", flags=O_DIRECTORY)
         agent.call("open", name="d_file", path="file", flags=O_RDONLY)
@@ -51,12 +64,10 @@ def planes(world: World) -> Iterator[tuple[Agent, Agent]]:
         agent.call("open", name="fifo_opath", path="fifo", flags=O_PATH)
         agent.call("open", name="out_opath", path=str(world.base), flags=O_PATH)
     try:
-        yield agents
+        yield agents[0], agents[1]
     finally:
         for agent in agents:
             agent.close()
-        for service in (python, native):
-            assert service.stop() == 0, service.log_text()[-4000:]
 
 
 COMPONENTS = ["", "", "file", "dir", "dir/deep/leaf", "link_in", "link_out", "fifo", "..",
@@ -172,3 +183,227 @@ def test_every_lookup_flag_answers_identically(planes: tuple[Agent, Agent], flag
     python, native = planes
     call = {"path": path, "flags": flags, "dirfd": dirfd}
     assert native.call("n2h", **call) == python.call("n2h", **call), call
+
+
+# --- shares that are not a whole filesystem (the confinement of h3-confine, both planes) --
+
+@contextlib.contextmanager
+def _mounted(point: Path, *args: str) -> Iterator[Path]:
+    point.mkdir(mode=0o755)
+    subprocess.run(["mount", *args, str(point)], check=True)
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+        point.rmdir()
+
+
+DEEP_NAME = "d" * 200
+DEEP_LEVELS = 22  # 4400+ bytes below the share: no path of it prints
+
+
+def _build_tree(inner: Path) -> None:
+    """inner/{top, d/f, d/e/, d/<22 x 200 bytes>/leaf} and nothing else; the deep part is
+    made by fd (no path to it fits in PATH_MAX)."""
+    (inner / "top").write_text("top\n")
+    (inner / "d" / "e").mkdir(parents=True)
+    (inner / "d" / "f").write_text("moves with d\n")
+    fd = os.open(inner / "d", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(DEEP_LEVELS):
+            os.mkdir(DEEP_NAME, 0o755, dir_fd=fd)
+            next_fd = os.open(DEEP_NAME, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+        leaf = os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.close(leaf)
+    finally:
+        os.close(fd)
+
+
+LOOKUPS: list[tuple[str, str, int]] = [
+    ("", "share", AT_EMPTY_PATH), ("top", "share", 0), ("d", "share", 0),
+    ("d/f", "share", 0), ("d/e", "share", 0), ("..", "share", 0),
+    ("", "held", AT_EMPTY_PATH), ("f", "held", 0), ("e", "held", 0), ("..", "held", 0),
+    ("", "heldf", AT_EMPTY_PATH), ("", "deep", AT_EMPTY_PATH), ("leaf", "deep", 0),
+    ("..", "deep", 0), ("", "deepleaf", AT_EMPTY_PATH),
+    ("d/f", "share", AT_HANDLE_CONNECTABLE), ("leaf", "deep", AT_HANDLE_CONNECTABLE),
+]
+OBH_GRID = [O_RDONLY, O_PATH, O_PATH | O_DIRECTORY, O_RDONLY | O_DIRECTORY]
+
+
+def _answers(agent: Agent, handles: dict[str, tuple[int, bytes]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, dirfd, flags in LOOKUPS:
+        out[f"n2h {dirfd}/{path!r} flags={flags:#x}"] = agent.call(
+            "n2h", path=path, dirfd=dirfd, flags=flags)
+    for name, (htype, f_handle) in handles.items():
+        for flags in OBH_GRID:
+            got = agent.call("obh", handle_type=htype, f_handle=f_handle.hex(), flags=flags)
+            got.pop("ret", None)
+            out[f"obh {name} flags={flags:#o}"] = got
+    return out
+
+
+def _hold(agent: Agent) -> None:
+    for op in ({"op": "open", "name": "held", "path": "d", "flags": O_PATH | O_DIRECTORY},
+               {"op": "walk", "name": "heldf", "dirfd": "held", "parts": ["f"]},
+               {"op": "walk", "name": "deep", "dirfd": "held", "parts": [DEEP_NAME] * DEEP_LEVELS,
+                "flags": O_PATH | O_DIRECTORY},
+               {"op": "walk", "name": "deepleaf", "dirfd": "deep", "parts": ["leaf"]}):
+        assert agent.call(**op)["errno"] == 0, op
+
+
+@pytest.fixture(params=["ext4", "tmpfs"])
+def bind_subdir(request: pytest.FixtureRequest, world: World) -> Iterator[tuple[str, Path, Path]]:
+    """(filesystem, the share: a bind mount of around/share, around: the directory around
+    it on the same filesystem, with a 0700 root-only vault). On tmpfs, files have no
+    connectable handles: their place is decided by the printed path (EOPNOTSUPP deep)."""
+    fs = str(request.param)
+    with contextlib.ExitStack() as stack:
+        if fs == "tmpfs":
+            around = stack.enter_context(_mounted(world.base / "planes-tmpfs", "-t", "tmpfs",
+                                                  "-o", "mode=0755", "planes-tmpfs"))
+        else:
+            around = world.base / "planes-bindsrc"
+            around.mkdir(mode=0o755)
+            stack.callback(shutil.rmtree, around, True)
+        (around / "vault").mkdir(mode=0o700)
+        inner = around / "share"
+        inner.mkdir(mode=0o755)
+        _build_tree(inner)
+        point = stack.enter_context(_mounted(world.shares / "planes-bindsub", "--bind",
+                                             str(inner)))
+        yield fs, point, around
+
+
+def test_bind_mounted_subdirectory_share_answers_identically(
+        plane_services: tuple[Service, Service], world: World,
+        bind_subdir: tuple[str, Path, Path]) -> None:
+    """A share that is the root of a bind mount of a subdirectory (not a whole filesystem):
+    the same lookups, held fds and handles under both planes, with the directory d inside,
+    moved into a root-only directory outside, moved into the directory the share's mount
+    covers (ext4: its printed path is the share's), and back; paths deeper than PATH_MAX
+    below d throughout. Every answer must be identical, and the reference's must be the
+    confinement's (so that two equally wrong planes cannot pass)."""
+    fs, share, around = bind_subdir
+    agents = [Agent(world, "fhmon", share, service.socket) for service in plane_services]
+    try:
+        for agent in agents:
+            _hold(agent)
+        python = agents[0]
+        handles = {name: _handle(python, name) for name in ("top", "d", "d/f", "d/e")}
+        for name, dirfd in (("deep", "deep"), ("deepleaf", "deepleaf")):
+            r = N2HResult.of(python.call("n2h", path="", dirfd=dirfd, flags=AT_EMPTY_PATH))
+            if r.errno == 0:
+                handles[name] = (int(r.handle_type or 0), r.f_handle)
+
+        def compare(state: str) -> dict[str, Any]:
+            want, got = (_answers(agent, handles) for agent in agents)
+            diff = {k: (want[k], got[k]) for k in want if want[k] != got[k]}
+            assert not diff, f"{fs}, {state}: (python, native) differ: {diff}"
+            return want
+
+        inside = compare("d inside")
+        assert inside[f"obh d flags={O_RDONLY | O_DIRECTORY:#o}"]["errno"] == 0
+        assert inside[f"n2h deep/'' flags={AT_EMPTY_PATH:#x}"]["errno"] == 0
+        assert "deep" in handles and inside[f"obh deep flags={O_PATH:#o}"]["errno"] == 0
+        deep_file = inside[f"n2h deepleaf/'' flags={AT_EMPTY_PATH:#x}"]["errno"]
+        assert deep_file == (0 if fs == "ext4" else errno.EOPNOTSUPP)
+
+        os.rename(around / "share" / "d", around / "vault" / "d")
+        try:
+            out = compare("d moved into a root-only directory outside")
+        finally:
+            os.rename(around / "vault" / "d", around / "share" / "d")
+        assert out[f"obh d flags={O_RDONLY | O_DIRECTORY:#o}"]["errno"] == errno.ESTALE
+        assert out[f"obh deep flags={O_PATH:#o}"]["errno"] == errno.ESTALE
+        assert out[f"n2h held/'f' flags={0:#x}"]["errno"] == errno.EACCES
+        assert out[f"n2h deep/'' flags={AT_EMPTY_PATH:#x}"]["errno"] == errno.EACCES
+        assert out[f"obh d/f flags={O_RDONLY:#o}"]["errno"] == 0  # files: trusted on MAC
+
+        if fs == "ext4":  # the covered directory is on the same filesystem as around
+            view = Path(f"/tmp/planes-view-{os.getpid()}")
+            with _mounted(view, "--bind", str(world.base)):
+                inner_d = view / around.name / "share" / "d"
+                covered_d = view / share.relative_to(world.base) / "d"
+                os.rename(inner_d, covered_d)
+                try:
+                    out = compare("d moved into the directory the share's mount covers")
+                finally:
+                    os.rename(covered_d, inner_d)
+            assert out[f"obh d flags={O_RDONLY | O_DIRECTORY:#o}"]["errno"] == errno.ESTALE
+            assert out[f"n2h held/'' flags={AT_EMPTY_PATH:#x}"]["errno"] == errno.EACCES
+
+        assert compare("d back inside") == inside
+    finally:
+        for agent in agents:
+            agent.close()
+
+
+@pytest.mark.parametrize("case", ["writable", "read-only bind mount", "immutable",
+                                  "read-only superblock"])
+def test_o_path_fallback_answers_identically(plane_services: tuple[Service, Service],
+                                             world: World, case: str) -> None:
+    """The O_PATH fallback (a readable fd only where the target's own chmod would succeed)
+    on the target's own mode-000 file and 0311 directory and on root's 000 file."""
+    names = {"mine000": O_PATH, "xdir": O_PATH | O_DIRECTORY, "theirs000": O_PATH}
+
+    def populate(where: Path) -> None:
+        for name in names:
+            if name == "xdir":
+                (where / name).mkdir()
+            else:
+                (where / name).write_text(f"{name}\n")
+            if name != "theirs000":
+                os.chown(where / name, NOBODY, NOBODY)
+
+    def lock(where: Path) -> None:
+        for name in names:
+            (where / name).chmod(0o311 if name == "xdir" else 0)
+
+    with contextlib.ExitStack() as stack:
+        if case == "read-only superblock":
+            share = stack.enter_context(_mounted(world.shares / "planes-opath", "-t", "tmpfs",
+                                                 "-o", "mode=0755", "planes-opath"))
+            populate(share)
+            lock(share)
+            subprocess.run(["mount", "-o", "remount,ro", str(share)], check=True)
+        elif case == "read-only bind mount":
+            source = world.base / "planes-opath-src"
+            source.mkdir(mode=0o755)
+            stack.callback(shutil.rmtree, source, True)
+            populate(source)
+            lock(source)
+            share = stack.enter_context(_mounted(world.shares / "planes-opath", "--bind",
+                                                 str(source)))
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(share)], check=True)
+        else:
+            share = world.shares / "planes-opath"
+            share.mkdir(mode=0o755)
+            stack.callback(shutil.rmtree, share, True)
+            populate(share)
+        agents = [stack.enter_context(contextlib.closing(
+            Agent(world, "fhmon", share, service.socket))) for service in plane_services]
+        handles = {name: _handle(agents[0], name) for name in names}
+        if case in ("writable", "immutable"):
+            lock(share)
+        if case == "immutable":
+            for name in ("mine000", "xdir"):
+                subprocess.run(["chattr", "+i", str(share / name)], check=True)
+                stack.callback(subprocess.run, ["chattr", "-i", str(share / name)], check=False)
+        answers = []
+        for agent in agents:
+            got = {}
+            for name, flags in names.items():
+                for asked in (flags, O_RDONLY | (flags & O_DIRECTORY)):
+                    r = agent.call("obh", handle_type=handles[name][0],
+                                   f_handle=handles[name][1].hex(), flags=asked)
+                    r.pop("ret", None)
+                    got[f"{name} flags={asked:#o}"] = r
+            answers.append(got)
+        want, got = answers
+        assert got == want, f"{case}: python {want} native {got}"
+        readable = {k for k, r in want.items() if r["errno"] == 0}
+        granted = {f"mine000 flags={O_PATH:#o}", f"xdir flags={O_PATH | O_DIRECTORY:#o}"}
+        assert readable == (granted if case == "writable" else set()), (case, want)

@@ -95,6 +95,7 @@ def test_a_full_cache_takes_no_new_entry_and_never_sweeps_on_put(
 
     from monitor import linux
     from monitor.target import ThreadCache
+    from protocol import kernel
 
     first_end, rest_end = threading.Event(), threading.Event()
     threads = [threading.Thread(target=(first_end if n < 4 else rest_end).wait)
@@ -110,7 +111,7 @@ def test_a_full_cache_takes_no_new_entry_and_never_sweeps_on_put(
         tids = [t.native_id or 0 for t in threads]
         kept = []
         for tid in tids:
-            pidfd = linux.pidfd_open(tid, linux.PIDFD_THREAD)
+            pidfd = linux.pidfd_open(tid, kernel.PIDFD_THREAD)
             kept.append(cache.put(tid, pidfd, None))
             if kept[-1]:
                 cached.append(pidfd)
@@ -128,7 +129,7 @@ def test_a_full_cache_takes_no_new_entry_and_never_sweeps_on_put(
         # join() returns a moment before the kernel's thread is gone
         assert wait_until(lambda: cache.sweep() == 4, timeout=5)
         for tid in tids[8:12]:
-            cached.append(linux.pidfd_open(tid, linux.PIDFD_THREAD))
+            cached.append(linux.pidfd_open(tid, kernel.PIDFD_THREAD))
             assert cache.put(tid, cached[-1], None)
         assert len(cache) == 8
     finally:

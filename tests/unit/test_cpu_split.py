@@ -100,3 +100,10 @@ def test_render_gives_microseconds_per_call() -> None:
 
 def test_lines_that_are_not_samples_are_ignored() -> None:
     assert cpu_split.parse("garbage\n\t not a frame\n\n").samples == 0
+
+
+def test_the_native_plane_is_a_layer_of_its_own() -> None:
+    from bench.cpu_split import layer_of
+
+    assert layer_of("/x/monitor/_native.abi3.so") == "native plane"
+    assert layer_of("/usr/lib/libpython3.11.so.1.0") == "interpreter"
