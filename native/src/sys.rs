@@ -338,16 +338,22 @@ pub fn open_by_handle_at(
 
 /// statx(fd, "", AT_EMPTY_PATH): (st_mode, unique mount id) as linux.statx_mode_mount.
 pub fn statx_mode_mount(fd: BorrowedFd<'_>) -> Result<(u32, u64), Errno> {
+    let stx = statx_with_mount(fd, libc::STATX_TYPE | libc::STATX_MODE)?;
+    Ok((u32::from(stx.stx_mode), stx.stx_mnt_id))
+}
+
+/// statx(fd, "", AT_EMPTY_PATH) for `mask` and the unique mount id; EOPNOTSUPP from a
+/// kernel that reports no mount id at all.
+fn statx_with_mount(fd: BorrowedFd<'_>, mask: u32) -> Result<libc::statx, Errno> {
     // SAFETY: statx is plain old data; all-zero is a valid value to be overwritten.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let mask = libc::STATX_TYPE | libc::STATX_MODE | libc::STATX_MNT_ID_UNIQUE;
     // SAFETY: the path is a NUL-terminated literal and stx a live struct statx.
     let ret = unsafe {
         libc::statx(
             fd.as_raw_fd(),
             c"".as_ptr(),
             libc::AT_EMPTY_PATH,
-            mask,
+            mask | libc::STATX_MNT_ID_UNIQUE,
             &mut stx,
         )
     };
@@ -357,31 +363,13 @@ pub fn statx_mode_mount(fd: BorrowedFd<'_>) -> Result<(u32, u64), Errno> {
     if stx.stx_mask & (libc::STATX_MNT_ID_UNIQUE | libc::STATX_MNT_ID) == 0 {
         return Err(libc::EOPNOTSUPP);
     }
-    Ok((u32::from(stx.stx_mode), stx.stx_mnt_id))
+    Ok(stx)
 }
 
 /// statx(fd, "", AT_EMPTY_PATH): (st_mode, st_dev, st_ino, unique mount id), as
 /// linux.statx_identity: what the inside-the-share walk compares at each level.
 pub fn statx_identity(fd: BorrowedFd<'_>) -> Result<(u32, u64, u64, u64), Errno> {
-    // SAFETY: statx is plain old data; all-zero is a valid value to be overwritten.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let mask = libc::STATX_TYPE | libc::STATX_MODE | libc::STATX_INO | libc::STATX_MNT_ID_UNIQUE;
-    // SAFETY: the path is a NUL-terminated literal and stx a live struct statx.
-    let ret = unsafe {
-        libc::statx(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            mask,
-            &mut stx,
-        )
-    };
-    if ret < 0 {
-        return Err(last_errno());
-    }
-    if stx.stx_mask & (libc::STATX_MNT_ID_UNIQUE | libc::STATX_MNT_ID) == 0 {
-        return Err(libc::EOPNOTSUPP);
-    }
+    let stx = statx_with_mount(fd, libc::STATX_TYPE | libc::STATX_MODE | libc::STATX_INO)?;
     let dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
     Ok((u32::from(stx.stx_mode), dev, stx.stx_ino, stx.stx_mnt_id))
 }

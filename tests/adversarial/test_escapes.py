@@ -13,7 +13,6 @@ import contextlib
 import errno
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from tests.adversarial.common import (
 from tests.adversarial.conftest import Recorder
 from tests.conftest import Agent, World
 from tests.handles import N2HResult
+from tests.mounts import mounted
 
 LINKS = 41  # one more than the kernel's MAXSYMLINKS
 
@@ -155,15 +155,6 @@ def test_dirfds_outside_the_share(target: Agent, record: Recorder) -> None:
 
 # --- mounts inside the share -----------------------------------------------------------------
 
-@contextlib.contextmanager
-def mounted(point: Path, *args: str) -> Iterator[Path]:
-    point.mkdir(mode=0o755)
-    subprocess.run(["mount", *args, str(point)], check=True)
-    try:
-        yield point
-    finally:
-        subprocess.run(["umount", "-l", str(point)], check=False)
-        point.rmdir()
 
 
 def test_mounts_inside_the_share(target: Agent, world: World, record: Recorder) -> None:

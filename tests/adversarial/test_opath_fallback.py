@@ -25,17 +25,7 @@ import pytest
 from tests.adversarial.common import O_DIRECTORY, O_PATH, O_RDONLY, PRIVILEGE, errname, obh, signed
 from tests.adversarial.conftest import Recorder
 from tests.conftest import NOBODY, Agent, World
-
-
-@contextlib.contextmanager
-def mounted(point: Path, *args: str) -> Iterator[Path]:
-    point.mkdir(mode=0o755)
-    subprocess.run(["mount", *args, str(point)], check=True)
-    try:
-        yield point
-    finally:
-        subprocess.run(["umount", "-l", str(point)], check=False)
-        point.rmdir()
+from tests.mounts import mounted
 
 
 def populate(where: Path) -> None:

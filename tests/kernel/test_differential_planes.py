@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import NOBODY, Agent, Service, World
 from tests.handles import N2HResult
+from tests.mounts import mounted
 
 AT_SYMLINK_FOLLOW = 0x400
 AT_EMPTY_PATH = 0x1000
@@ -187,15 +188,6 @@ def test_every_lookup_flag_answers_identically(planes: tuple[Agent, Agent], flag
 
 # --- shares that are not a whole filesystem (the confinement of h3-confine, both planes) --
 
-@contextlib.contextmanager
-def _mounted(point: Path, *args: str) -> Iterator[Path]:
-    point.mkdir(mode=0o755)
-    subprocess.run(["mount", *args, str(point)], check=True)
-    try:
-        yield point
-    finally:
-        subprocess.run(["umount", "-l", str(point)], check=False)
-        point.rmdir()
 
 
 DEEP_NAME = "d" * 200
@@ -262,7 +254,7 @@ def bind_subdir(request: pytest.FixtureRequest, world: World) -> Iterator[tuple[
     fs = str(request.param)
     with contextlib.ExitStack() as stack:
         if fs == "tmpfs":
-            around = stack.enter_context(_mounted(world.base / "planes-tmpfs", "-t", "tmpfs",
+            around = stack.enter_context(mounted(world.base / "planes-tmpfs", "-t", "tmpfs",
                                                   "-o", "mode=0755", "planes-tmpfs"))
         else:
             around = world.base / "planes-bindsrc"
@@ -272,7 +264,7 @@ def bind_subdir(request: pytest.FixtureRequest, world: World) -> Iterator[tuple[
         inner = around / "share"
         inner.mkdir(mode=0o755)
         _build_tree(inner)
-        point = stack.enter_context(_mounted(world.shares / "planes-bindsub", "--bind",
+        point = stack.enter_context(mounted(world.shares / "planes-bindsub", "--bind",
                                              str(inner)))
         yield fs, point, around
 
@@ -324,7 +316,7 @@ def test_bind_mounted_subdirectory_share_answers_identically(
 
         if fs == "ext4":  # the covered directory is on the same filesystem as around
             view = Path(f"/tmp/planes-view-{os.getpid()}")
-            with _mounted(view, "--bind", str(world.base)):
+            with mounted(view, "--bind", str(world.base)):
                 inner_d = view / around.name / "share" / "d"
                 covered_d = view / share.relative_to(world.base) / "d"
                 os.rename(inner_d, covered_d)
@@ -364,7 +356,7 @@ def test_o_path_fallback_answers_identically(plane_services: tuple[Service, Serv
 
     with contextlib.ExitStack() as stack:
         if case == "read-only superblock":
-            share = stack.enter_context(_mounted(world.shares / "planes-opath", "-t", "tmpfs",
+            share = stack.enter_context(mounted(world.shares / "planes-opath", "-t", "tmpfs",
                                                  "-o", "mode=0755", "planes-opath"))
             populate(share)
             lock(share)
@@ -375,7 +367,7 @@ def test_o_path_fallback_answers_identically(plane_services: tuple[Service, Serv
             stack.callback(shutil.rmtree, source, True)
             populate(source)
             lock(source)
-            share = stack.enter_context(_mounted(world.shares / "planes-opath", "--bind",
+            share = stack.enter_context(mounted(world.shares / "planes-opath", "--bind",
                                                  str(source)))
             subprocess.run(["mount", "-o", "remount,bind,ro", str(share)], check=True)
         else:
