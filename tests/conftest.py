@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,9 +271,11 @@ class Agent:
     """A target program; `mode` is how it runs: under fhmon, or straight on the kernel."""
 
     def __init__(self, world: World, mode: str, share: Path, socket: str | None = None,
-                 user: int | None = NOBODY) -> None:
+                 user: int | None = NOBODY, through: Sequence[str] = ()) -> None:
+        """through: a command the target runs the agent through, e.g. `unshare -Urm` (then
+        it is root of its own user and mount namespace, still uid 65534 on the host)."""
         self.mode = mode
-        agent_argv = [SYSTEM_PYTHON, str(world.agent), str(share)]
+        agent_argv = [*through, SYSTEM_PYTHON, str(world.agent), str(share)]
         kwargs: dict[str, Any] = {}
         if mode == "fhmon":
             assert socket is not None

@@ -10,9 +10,7 @@ get no handle at all (EOPNOTSUPP), and fhmon never opens one, so nothing can blo
 from __future__ import annotations
 
 import errno
-import json
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -43,7 +41,7 @@ from tests.adversarial.common import (
     warm,
 )
 from tests.adversarial.conftest import Recorder
-from tests.conftest import FHMON, NOBODY, SYSTEM_PYTHON, Agent, Service, World
+from tests.conftest import Agent, Service, World
 from tests.handles import N2HResult
 
 FLAG_NAMES = {O_WRONLY: "O_WRONLY", O_RDWR: "O_RDWR", O_TRUNC: "O_TRUNC",
@@ -208,18 +206,7 @@ class UsernsAgent(Agent):
     namespace, with a full CapEff there, and still uid 65534 (no capability) on the host."""
 
     def __init__(self, world: World, socket: str) -> None:
-        argv = [FHMON, "launch", "--socket", socket, "--share", str(world.main), "--user",
-                str(NOBODY), "--", "unshare", "-Ur", SYSTEM_PYTHON, str(world.agent),
-                str(world.main)]
-        self.mode = "fhmon-userns"
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            assert self.proc.stderr is not None
-            raise RuntimeError(f"agent did not start: {self.proc.stderr.read()}")
-        self.hello = json.loads(line)
+        super().__init__(world, "fhmon", world.main, socket, through=["unshare", "-Ur"])
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,9 @@ target's namespace, else from the launcher's, which the target cannot change), a
 from __future__ import annotations
 
 import errno
-import json
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +25,7 @@ import pytest
 from protocol import native
 from tests.adversarial.common import REGISTRATION, errname, n2h_errno, obh_errno, signed
 from tests.adversarial.conftest import Recorder
-from tests.conftest import FHMON, NOBODY, SYSTEM_PYTHON, Agent, Service, World, wait_until
+from tests.conftest import FHMON, Agent, Service, World, wait_until
 from tests.listeners import filtered_child, send_raw
 
 
@@ -36,18 +34,7 @@ class NamespaceAgent(Agent):
     user and mount namespace, which it may rearrange."""
 
     def __init__(self, world: World, socket: str, share: Path) -> None:
-        argv = [FHMON, "launch", "--socket", socket, "--share", str(share), "--user",
-                str(NOBODY), "--", "unshare", "-Urm", SYSTEM_PYTHON, str(world.agent),
-                str(share)]
-        self.mode = "fhmon-userns"
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            assert self.proc.stderr is not None
-            raise RuntimeError(f"agent did not start: {self.proc.stderr.read()}")
-        self.hello = json.loads(line)
+        super().__init__(world, "fhmon", share, socket, through=["unshare", "-Urm"])
 
 
 @pytest.fixture
@@ -170,18 +157,7 @@ class RuncNamespaceAgent(Agent):
     makes itself root of its own user and mount namespace (`unshare -Urm`)."""
 
     def __init__(self, world: World, socket: str, share: Path) -> None:
-        argv = [sys.executable, "-m", "tests.oci_runtime", "runc", socket, str(share), "--",
-                "unshare", "-Urm", SYSTEM_PYTHON, str(world.agent), str(share)]
-        self.mode = "runc-userns"
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True,
-                                     cwd=str(Path(__file__).resolve().parents[2]))
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            assert self.proc.stderr is not None
-            raise RuntimeError(f"agent did not start: {self.proc.stderr.read()}")
-        self.hello = json.loads(line)
+        super().__init__(world, "runc", share, socket, through=["unshare", "-Urm"])
 
 
 @pytest.fixture
