@@ -1,0 +1,211 @@
+//! open_by_handle_at, ported step by step from monitor/handlers/open_by_handle_at.py:
+//! verify the signed handle, check mount_fd, the kernel's open, the share check, the
+//! reopen with the target's credentials, ADDFD|SEND.
+
+use super::*;
+
+impl Plane {
+    pub(super) fn open_by_handle_at(
+        &self,
+        target: &Target,
+        n: &Notification,
+        base: &Baseline,
+        memo: &mut Option<Arc<Status>>,
+    ) -> Outcome {
+        let tid = n.pid as i32;
+        let mount_fd = abi::arg_int(n.args[0]);
+        let handle_ptr = abi::arg_ptr(n.args[1]);
+        let flags = abi::arg_int(n.args[2]);
+
+        let mut raw = [0u8; handle::HEADER_SIZE + MAX_HANDLE_SZ];
+        let got = if handle_ptr == 0 {
+            0
+        } else {
+            let room = (u64::MAX - handle_ptr + 1).min(raw.len() as u64) as usize;
+            match sys::read_target(tid, handle_ptr, &mut raw[..room]) {
+                Ok(got) => got,
+                Err(libc::ESRCH) => return Outcome::Gone,
+                Err(_) => return err(libc::EIO),
+            }
+        };
+        let (header, f_handle) = match handle::parse_presented(&raw[..got]) {
+            Ok(v) => v,
+            Err(e) => return err(e.errno()),
+        };
+        let mount_dev = match self.mount_fd_device(target, n, mount_fd) {
+            Ok(dev) => dev,
+            Err(outcome) => return outcome,
+        };
+        let kernel_bytes = if self.config.signing {
+            let Some(keys) = self.keys() else {
+                return err(libc::EIO);
+            };
+            match keys.verify(&target.share.share_id, header.handle_type, f_handle) {
+                Some(k) => {
+                    let mut copy = [0u8; MAX_HANDLE_SZ];
+                    copy[..k.len()].copy_from_slice(k);
+                    (copy, k.len())
+                }
+                None => return Outcome::Error(libc::ESTALE, Some("bad or foreign MAC")),
+            }
+        } else {
+            let mut copy = [0u8; MAX_HANDLE_SZ];
+            copy[..f_handle.len()].copy_from_slice(f_handle);
+            (copy, f_handle.len())
+        };
+        if mount_dev != target.share.facts.dev {
+            return Outcome::Error(libc::ESTALE, Some("mount_fd on another filesystem"));
+        }
+        let obj = match sys::open_by_handle_at(
+            target.share.dir_fd.as_fd(),
+            header.handle_type,
+            &kernel_bytes.0[..kernel_bytes.1],
+            libc::O_PATH | libc::O_CLOEXEC,
+        ) {
+            Ok(fd) => fd,
+            Err(0) => return err(libc::ESTALE),
+            Err(e) => return err(e),
+        };
+        let Ok((mode, obj_mount)) = sys::statx_mode_mount(obj.as_fd()) else {
+            return err(libc::EIO);
+        };
+        let file_type = mode & libc::S_IFMT;
+        let is_dir = file_type == libc::S_IFDIR;
+        if !(is_dir || file_type == libc::S_IFREG) {
+            return Outcome::Error(
+                libc::EACCES,
+                Some("fhmon opens only directories and regular files"),
+            );
+        }
+        if let Err(refusal) =
+            policy::check_opened(&target.share.root(), obj.as_fd(), is_dir, obj_mount)
+        {
+            return Outcome::Error(refusal.errno, refusal.reason);
+        }
+        let opened = match self.reopen_as_target(target, n, base, memo, obj.as_fd(), flags, is_dir)
+        {
+            Ok(fd) => fd,
+            Err(outcome) => return outcome,
+        };
+        drop(obj);
+        let newfd_flags = if flags & abi::O_CLOEXEC != 0 {
+            abi::O_CLOEXEC as u32
+        } else {
+            0
+        };
+        let addfd = abi::encode_addfd(
+            n.id,
+            std::os::fd::AsRawFd::as_raw_fd(&opened),
+            newfd_flags,
+            abi::SECCOMP_ADDFD_FLAG_SEND,
+        );
+        // no signal may interrupt ADDFD|SEND once the kernel marked the call answered
+        let mask = sys::block_all_signals();
+        let added = sys::notif_addfd(target.listener.as_fd(), &addfd);
+        sys::restore_signals(&mask);
+        match added {
+            Ok(_) => Outcome::Injected,
+            Err(libc::ENOENT) => Outcome::Gone,
+            Err(e) => err(e), // e.g. EMFILE in the target
+        }
+    }
+
+    /// _mount_fd_device: EBADF as the kernel gives it (a bad fd, an O_PATH fd), else the
+    /// st_dev of the target's mount_fd (or of its cwd for AT_FDCWD).
+    pub(super) fn mount_fd_device(
+        &self,
+        target: &Target,
+        n: &Notification,
+        fd: i32,
+    ) -> Result<u64, Outcome> {
+        let ours = if fd == abi::AT_FDCWD {
+            let cwd =
+                sys::open_proc_link(n.pid, b"cwd").map_err(|e| resource_or_gone(target, n, e))?;
+            if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
+                return Err(Outcome::Gone);
+            }
+            cwd
+        } else {
+            if fd < 0 {
+                return Err(err(libc::EBADF));
+            }
+            let ours = self.take_fd(target, n, fd)?;
+            match sys::fcntl_getfl(ours.as_fd()) {
+                Ok(fl) if fl & libc::O_PATH != 0 => return Err(err(libc::EBADF)),
+                Ok(_) => {}
+                Err(_) => return Err(err(libc::EIO)),
+            }
+            ours
+        };
+        sys::fstat_dev_uid(ours.as_fd())
+            .map(|(dev, _)| dev)
+            .map_err(|_| err(libc::EIO))
+    }
+
+    /// _reopen_as_target: the open the target asked for, with its own credentials; O_PATH
+    /// becomes a real read-only (else write-only) open, or a read-only fd fhmon opens when
+    /// the target's own chmod(2) could give itself read access right now
+    /// (policy::chmod_would_succeed); otherwise the first attempt's errno (EACCES).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reopen_as_target(
+        &self,
+        target: &Target,
+        n: &Notification,
+        base: &Baseline,
+        memo: &mut Option<Arc<Status>>,
+        obj: BorrowedFd<'_>,
+        flags: i32,
+        is_dir: bool,
+    ) -> Result<OwnedFd, Outcome> {
+        let status = self.thread_status(target, n, memo)?;
+        let creds = &status.creds;
+        let strip = abi::O_CLOEXEC | libc::O_NOFOLLOW | abi::O_PATH;
+        let mut attempts = [0i32; 2];
+        let count;
+        if flags & abi::O_PATH != 0 {
+            if flags & libc::O_DIRECTORY != 0 && !is_dir {
+                return Err(err(libc::ENOTDIR));
+            }
+            if is_dir {
+                attempts[0] = libc::O_RDONLY | libc::O_DIRECTORY;
+                count = 1;
+            } else {
+                attempts = [libc::O_RDONLY, libc::O_WRONLY];
+                count = 2;
+            }
+        } else {
+            attempts[0] = (flags & !strip) | libc::O_NOCTTY;
+            count = 1;
+        }
+        let mut first_error = 0;
+        {
+            let _acting = ActingAs::reopen_only(base, creds).map_err(|_| err(libc::EIO))?;
+            for attempt in &attempts[..count] {
+                match sys::reopen(obj, attempt | abi::O_CLOEXEC) {
+                    Ok(fd) => return Ok(fd),
+                    Err(e) => {
+                        if first_error == 0 {
+                            first_error = if e == 0 { libc::EACCES } else { e };
+                        }
+                    }
+                }
+            }
+        }
+        if flags & abi::O_PATH != 0
+            && first_error == libc::EACCES
+            && policy::chmod_would_succeed(obj, creds.fsuid)
+        {
+            // The target could chmod itself read access right now and then open it, so a
+            // read-only fd grants it nothing new; opened by fhmon (CAP_DAC_READ_SEARCH
+            // passes the read check), then the open file is asked once more.
+            let fd = sys::reopen(obj, attempts[0] | abi::O_CLOEXEC).map_err(|e| {
+                let failure = policy::failed(e);
+                err(failure.errno)
+            })?;
+            if policy::chmod_would_succeed(fd.as_fd(), creds.fsuid) {
+                return Ok(fd);
+            }
+        }
+        Err(err(first_error))
+    }
+}
