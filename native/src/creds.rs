@@ -15,6 +15,7 @@ const OPEN_NEUTRAL_CAPS: u64 =
 const PROBE_UID: u32 = 65534;
 
 /// The calling thread's own credentials, measured once per data-plane thread.
+#[derive(PartialEq, Eq, Debug)]
 pub struct Baseline {
     effective: u64,
     permitted: u64,
