@@ -70,7 +70,7 @@ class NativeDataPlane:
     """monitor._native.Plane behind the DataPlane interface."""
 
     def __init__(self, answer: Answerer, stats: CallStats, keys: KeyRing, *, signing: bool,
-                 threads_per_target: int) -> None:
+                 threads_per_target: int, idle_extras: bool = True) -> None:
         try:
             _native = importlib.import_module("monitor._native")
         except ImportError as exc:
@@ -84,7 +84,7 @@ class NativeDataPlane:
         self._stats = stats
         self._targets: dict[int, tuple[Target, Callable[[], None]]] = {}
         self._lock = threading.Lock()
-        self._plane = _native.Plane(ACCEPTED_FLAGS, signing, threads_per_target,
+        self._plane = _native.Plane(ACCEPTED_FLAGS, signing, threads_per_target, idle_extras,
                                     list(LATENCY_BUCKETS), self._fallback, self._hung_up)
         try:
             self._plane.set_keys(keys.native())
@@ -184,7 +184,8 @@ def make_data_plane(config: Config, answer: Answerer, stats: CallStats,
                     keys: KeyRing) -> DataPlane:
     if config.data_plane == "native":
         return NativeDataPlane(answer, stats, keys, signing=config.signing,
-                               threads_per_target=config.data_plane_threads)
+                               threads_per_target=config.data_plane_threads,
+                               idle_extras=config.data_plane_idle_extras)
     return PythonDataPlane(answer)
 
 

@@ -66,6 +66,8 @@ pub struct Config {
     pub accepted_flags: i32,
     pub signing: bool,
     pub threads_per_target: usize,
+    /// a target's threads beyond its one busy at normal priority answer under SCHED_IDLE
+    pub idle_extras: bool,
     /// latency bucket upper bounds, seconds (monitor/metrics.py LATENCY_BUCKETS)
     pub buckets: [f64; BUCKETS],
 }
@@ -429,7 +431,9 @@ impl Plane {
             let normal = target.normal_busy.fetch_add(1, Ordering::SeqCst) == 0;
             if !normal {
                 target.normal_busy.fetch_sub(1, Ordering::SeqCst);
-                priority.set(Priority::Idle);
+                if self.config.idle_extras {
+                    priority.set(Priority::Idle);
+                }
             }
             let answered = self.answer(target, &raw, base.as_ref(), start, &mut priority);
             if normal {
