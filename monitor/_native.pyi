@@ -19,7 +19,7 @@ class Plane:
     """The native data plane (native/src/plane.rs)."""
 
     def __init__(self, accepted_flags: int, signing: bool, threads_per_target: int,
-                 idle_extras: bool, buckets: list[float], fallback: Callable[[int, bytes], None],
+                 buckets: list[float], fallback: Callable[[int, bytes], None],
                  hung_up: Callable[[int], None]) -> None: ...
     def set_keys(self, ring: KeyRing) -> None: ...
     def add(self, target_id: int, listener_fd: int, peer_uid: int, share_id: bytes,

@@ -51,9 +51,6 @@ class Config:
     # threads per target (1: on a 2-CPU node a second let one busy target take both CPUs)
     data_plane: str = "native"
     data_plane_threads: int = 1
-    # threads of a target beyond the one answering at normal priority run under SCHED_IDLE
-    # (spare CPU only, so a busy target cannot take CPU from a neighbour's calls)
-    data_plane_idle_extras: bool = True
 
     def to_toml(self) -> str:
         lines = []
@@ -220,7 +217,7 @@ def _validate(key: str, value: Any) -> Any:
                 raise ConfigError(f"config key {key!r}: must be at least 1")
             return number
         case ("sync_wakeup" | "signing" | "drop_capabilities" | "recv_thread"
-              | "dispatch_thread" | "sandbox" | "data_plane_idle_extras"):
+              | "dispatch_thread" | "sandbox"):
             return _expect(key, value, bool)
     raise ConfigError(f"unknown config key {key!r}")
 

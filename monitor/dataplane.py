@@ -6,12 +6,11 @@ One interface, two implementations, chosen by the `data_plane` config key:
   through monitor/handlers (the readable reference);
 - `native` (the default): the Rust plane (native/src/plane.rs, monitor._native.Plane): per target,
   `data_plane_threads` native threads blocked in RECV, none holding the GIL, so that a
-  target whose call blocks holds only its own threads; at most one of them answers at
-  normal priority at a time, the others under SCHED_IDLE (spare CPU only). Calls the
-  native code does not handle (another uid's call, other syscalls) go to the Python
-  reference (Answerer), one at a time per target, before anything reached the target.
-  Its counters, per-target call counts and refusals are merged into CallStats, Target.calls
-  and the audit log by flush() (the middleware does it for the calls the reference answers).
+  target whose call blocks holds only its own threads. Calls the native code does not
+  handle (another uid's call, other syscalls) go to the Python reference (Answerer), one
+  at a time per target, before anything reached the target. Its counters, per-target call
+  counts and refusals are merged into CallStats, Target.calls and the audit log by flush()
+  (the middleware does it for the calls the reference answers).
 
 The server holds one DataPlane: add(target, hung_up) when a listener registers, remove()
 once it hung up (returns when no thread answers its calls), set_keys() on reload.
@@ -70,7 +69,7 @@ class NativeDataPlane:
     """monitor._native.Plane behind the DataPlane interface."""
 
     def __init__(self, answer: Answerer, stats: CallStats, keys: KeyRing, *, signing: bool,
-                 threads_per_target: int, idle_extras: bool = True) -> None:
+                 threads_per_target: int) -> None:
         try:
             _native = importlib.import_module("monitor._native")
         except ImportError as exc:
@@ -84,7 +83,7 @@ class NativeDataPlane:
         self._stats = stats
         self._targets: dict[int, tuple[Target, Callable[[], None]]] = {}
         self._lock = threading.Lock()
-        self._plane = _native.Plane(ACCEPTED_FLAGS, signing, threads_per_target, idle_extras,
+        self._plane = _native.Plane(ACCEPTED_FLAGS, signing, threads_per_target,
                                     list(LATENCY_BUCKETS), self._fallback, self._hung_up)
         try:
             self._plane.set_keys(keys.native())
@@ -184,8 +183,7 @@ def make_data_plane(config: Config, answer: Answerer, stats: CallStats,
                     keys: KeyRing) -> DataPlane:
     if config.data_plane == "native":
         return NativeDataPlane(answer, stats, keys, signing=config.signing,
-                               threads_per_target=config.data_plane_threads,
-                               idle_extras=config.data_plane_idle_extras)
+                               threads_per_target=config.data_plane_threads)
     return PythonDataPlane(answer)
 
 

@@ -2,17 +2,7 @@
 //!
 //! Isolation by construction: a target's calls are answered only by its own threads
 //! (`threads_per_target`), so a call that blocks or crawls holds that target's threads and
-//! nobody else's. Of a target's threads, at most one answers at normal priority at a time
-//! (the first to take a call while none of its siblings is busy at normal priority); a
-//! thread that takes a call while a sibling is busy answers it under SCHED_IDLE, so that
-//! a busy target's second, third... concurrent call only runs on CPU nobody else wants and
-//! a neighbour's normal thread always preempts it. Roles change only when they must (each
-//! change is a sched_setscheduler, and a switch to SCHED_IDLE under load yields the CPU):
-//! an extra thread stays idle while a sibling is busy at normal priority, and the sibling
-//! that ends the last normal call promotes any extra asleep in RECV, so that a lone call
-//! never wakes a thread at idle priority. Whatever another thread may wait on (the shared
-//! counters) is lock-free: an idle-priority thread never holds a lock a normal one needs
-//! on the hot path. A panic in a call's work is caught:
+//! nobody else's. The per-call counters are lock-free. A panic in a call's work is caught:
 //! the call is answered EIO (the reference's answer when a handler raises), counted, and
 //! the thread keeps serving. No thread holds the GIL while it receives or answers; a call
 //! the native code does not handle yet is passed to the Python reference (`Fallback`),
@@ -26,7 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -69,8 +59,6 @@ pub struct Config {
     pub accepted_flags: i32,
     pub signing: bool,
     pub threads_per_target: usize,
-    /// a target's threads beyond its one busy at normal priority answer under SCHED_IDLE
-    pub idle_extras: bool,
     /// latency bucket upper bounds, seconds (monitor/metrics.py LATENCY_BUCKETS)
     pub buckets: [f64; BUCKETS],
 }
@@ -129,8 +117,8 @@ impl Default for Stats {
     }
 }
 
-/// The per-call counters, lock-free: a thread answering under SCHED_IDLE may be preempted
-/// anywhere, and must never hold something a neighbour's normal thread waits for.
+/// The per-call counters, lock-free: every target's threads count into them, and none
+/// should wait for another (a preempted thread holding a lock would stall the others).
 struct Counters {
     results: [[AtomicU64; RESULTS]; 2],
     nanos: [AtomicU64; 2],
@@ -158,10 +146,6 @@ struct Target {
     hung_up: AtomicBool,
     threads: Mutex<ThreadCache>,
     fallback_lock: Mutex<()>,
-    /// how many of its threads answer a call at normal priority now (0 or 1)
-    normal_busy: AtomicUsize,
-    /// each of its threads' scheduling role, for a sibling to promote it (Slot)
-    slots: Vec<Slot>,
     /// calls answered natively since the last take_stats
     calls: AtomicU64,
 }
@@ -314,10 +298,6 @@ impl Plane {
             hung_up: AtomicBool::new(false),
             threads: Mutex::new(ThreadCache::new()),
             fallback_lock: Mutex::new(()),
-            normal_busy: AtomicUsize::new(0),
-            slots: (0..self.config.threads_per_target.max(1))
-                .map(|_| Slot::default())
-                .collect(),
             calls: AtomicU64::new(0),
         });
         let mut threads = Vec::new();
@@ -326,7 +306,7 @@ impl Plane {
             let t = Arc::clone(&target);
             let spawned = std::thread::Builder::new()
                 .name(format!("fhmon-t{id}-{k}"))
-                .spawn(move || plane.serve(&t, k));
+                .spawn(move || plane.serve(&t));
             match spawned {
                 Ok(handle) => threads.push(handle),
                 Err(e) => {
@@ -417,13 +397,11 @@ impl Plane {
         (events.queue.drain(..).collect(), dropped)
     }
 
-    fn serve(&self, target: &Target, k: usize) {
+    fn serve(&self, target: &Target) {
         sys::block_signals_but_wake();
         let base = Baseline::measure().ok();
         let mut raw = [0u8; abi::SECCOMP_NOTIF_SIZE];
-        let role = Role::new(target, k);
         while !target.stopping.load(Ordering::SeqCst) {
-            role.before_recv(target);
             match sys::notif_recv(target.listener.as_fd(), &mut raw) {
                 Ok(()) => {}
                 Err(libc::EINTR) => continue,
@@ -436,22 +414,7 @@ impl Plane {
                 }
             }
             let start = Instant::now();
-            role.woken();
-            // the first of the target's threads busy at normal priority stays normal; any
-            // other answers under SCHED_IDLE (spare CPU only)
-            let normal = target.normal_busy.fetch_add(1, Ordering::SeqCst) == 0;
-            if normal {
-                role.set(PRIO_NORMAL);
-            } else {
-                target.normal_busy.fetch_sub(1, Ordering::SeqCst);
-                if self.config.idle_extras {
-                    role.set(PRIO_IDLE);
-                }
-            }
-            let answered = self.answer(target, &raw, base.as_ref(), start, &role);
-            if normal && target.normal_busy.fetch_sub(1, Ordering::SeqCst) == 1 {
-                promote_sleepers(&target.slots);
-            }
+            let answered = self.answer(target, &raw, base.as_ref(), start);
             if answered.is_err() {
                 // a panic: serve on only with the credentials the thread started with
                 if base.is_some() && Baseline::measure().ok() != base {
@@ -474,7 +437,6 @@ impl Plane {
         raw: &[u8; abi::SECCOMP_NOTIF_SIZE],
         base: Option<&Baseline>,
         start: Instant,
-        role: &Role<'_>,
     ) -> Result<(), ()> {
         let notif = Notification::parse(raw);
         let syscall = match (notif.arch, notif.nr) {
@@ -503,8 +465,6 @@ impl Plane {
         let syscall = syscall.unwrap_or(0);
         let result = match outcome {
             Outcome::Defer => {
-                // the reference takes the GIL: never hold it at idle priority
-                role.set(PRIO_NORMAL);
                 let _serial = lock(&target.fallback_lock);
                 (self.fallback)(target.id, raw);
                 return Ok(()); // the Python reference counts its own calls
@@ -637,108 +597,6 @@ fn remember(cache: &mut ThreadCache, tid: u32, pidfd: OwnedFd, frozen: Option<Ar
     cache.forget(tid);
     if cache.len() < PIDFD_CACHE {
         cache.entries.insert(tid, ThreadEntry { pidfd, frozen });
-    }
-}
-
-const PRIO_NORMAL: u8 = 0;
-const PRIO_IDLE: u8 = 1;
-/// idle, asleep in RECV: the sibling that ends the target's last normal call promotes it
-const PRIO_IDLE_ASLEEP: u8 = 2;
-/// a sibling is promoting it right now (the thread waits for that to end)
-const PRIO_PROMOTING: u8 = 3;
-
-/// A data-plane thread's scheduling role, where its siblings can see (and promote) it.
-#[derive(Default)]
-struct Slot {
-    tid: std::sync::atomic::AtomicI32,
-    state: std::sync::atomic::AtomicU8,
-}
-
-/// The calling thread's own view of its Slot.
-struct Role<'a> {
-    slot: &'a Slot,
-}
-
-impl<'a> Role<'a> {
-    fn new(target: &'a Target, k: usize) -> Role<'a> {
-        let slot = &target.slots[k];
-        slot.tid.store(sys::gettid(), Ordering::SeqCst);
-        slot.state.store(PRIO_NORMAL, Ordering::SeqCst);
-        Role { slot }
-    }
-
-    /// Switch the calling thread to `want` (PRIO_NORMAL or PRIO_IDLE) if it is not in it.
-    fn set(&self, want: u8) {
-        let state = &self.slot.state;
-        if state.load(Ordering::SeqCst) != want && sys::set_idle_priority(want == PRIO_IDLE).is_ok()
-        {
-            state.store(want, Ordering::SeqCst);
-        }
-    }
-
-    /// About to sleep in RECV: at normal priority unless a sibling is busy at normal
-    /// priority (then the next call is most likely an extra one); an idle sleeper is
-    /// promoted by that sibling when it ends (promote_sleepers), so a lone call is never
-    /// woken at idle priority. Store-then-check, against the sibling's decrement-then-scan.
-    fn before_recv(&self, target: &Target) {
-        let state = &self.slot.state;
-        if state.load(Ordering::SeqCst) == PRIO_NORMAL {
-            return;
-        }
-        state.store(PRIO_IDLE_ASLEEP, Ordering::SeqCst);
-        if target.normal_busy.load(Ordering::SeqCst) == 0
-            && state
-                .compare_exchange(
-                    PRIO_IDLE_ASLEEP,
-                    PRIO_IDLE,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                )
-                .is_ok()
-        {
-            self.set(PRIO_NORMAL);
-        }
-    }
-
-    /// Out of RECV: leave the asleep state (waiting out a promotion in progress).
-    fn woken(&self) {
-        let state = &self.slot.state;
-        loop {
-            match state.compare_exchange(
-                PRIO_IDLE_ASLEEP,
-                PRIO_IDLE,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Err(PRIO_PROMOTING) => std::hint::spin_loop(),
-                _ => return,
-            }
-        }
-    }
-}
-
-/// The target's last normal call ended: its threads asleep in RECV at idle priority go
-/// back to normal, so that the next (lone) call wakes one promptly.
-fn promote_sleepers(slots: &[Slot]) {
-    for slot in slots {
-        if slot
-            .state
-            .compare_exchange(
-                PRIO_IDLE_ASLEEP,
-                PRIO_PROMOTING,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            )
-            .is_ok()
-        {
-            let promoted = sys::set_thread_idle_priority(slot.tid.load(Ordering::SeqCst), false);
-            let state = if promoted.is_ok() {
-                PRIO_NORMAL
-            } else {
-                PRIO_IDLE
-            };
-            slot.state.store(state, Ordering::SeqCst);
-        }
     }
 }
 
@@ -977,40 +835,5 @@ mod tests {
         assert!(cache.entries.capacity() <= 2 * reserved + 1);
         cache.retain(|_| false);
         assert_eq!(cache.len(), 0);
-    }
-
-    #[test]
-    fn priority_switches_to_idle_and_back() {
-        let slot = Slot::default();
-        let role = Role { slot: &slot };
-        slot.tid.store(sys::gettid(), Ordering::SeqCst);
-        role.set(PRIO_IDLE);
-        assert_eq!(slot.state.load(Ordering::SeqCst), PRIO_IDLE);
-        assert_eq!(sys::sched_policy(), Ok(libc::SCHED_IDLE));
-        role.set(PRIO_NORMAL);
-        assert_eq!(sys::sched_policy(), Ok(libc::SCHED_OTHER));
-    }
-
-    #[test]
-    fn an_idle_sleeper_is_promoted_by_its_sibling() {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let slot = Arc::new(Slot::default());
-        let s = Arc::clone(&slot);
-        let sleeper = std::thread::spawn(move || {
-            s.tid.store(sys::gettid(), Ordering::SeqCst);
-            Role { slot: &s }.set(PRIO_IDLE);
-            s.state.store(PRIO_IDLE_ASLEEP, Ordering::SeqCst);
-            tx.send(()).unwrap();
-            done_rx.recv().unwrap(); // "asleep in RECV"
-            Role { slot: &s }.woken();
-            (sys::sched_policy(), s.state.load(Ordering::SeqCst))
-        });
-        rx.recv().unwrap();
-        promote_sleepers(std::slice::from_ref(&*slot));
-        done_tx.send(()).unwrap();
-        let (policy, state) = sleeper.join().unwrap();
-        assert_eq!(policy, Ok(libc::SCHED_OTHER));
-        assert_eq!(state, PRIO_NORMAL);
     }
 }

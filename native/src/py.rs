@@ -103,7 +103,6 @@ impl PyPlane {
         accepted_flags: i32,
         signing: bool,
         threads_per_target: usize,
-        idle_extras: bool,
         buckets: Vec<f64>,
         fallback: Py<PyAny>,
         hung_up: Py<PyAny>,
@@ -118,7 +117,6 @@ impl PyPlane {
             accepted_flags,
             signing,
             threads_per_target,
-            idle_extras,
             buckets,
         };
         let fallback = Box::new(

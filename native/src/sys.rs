@@ -514,42 +514,6 @@ pub fn wake_thread(thread: libc::pthread_t) {
     unsafe { libc::pthread_kill(thread, wake_signal()) };
 }
 
-// --- scheduling of the calling thread ---------------------------------------------------
-
-/// Run the calling thread under SCHED_IDLE (`idle`) or back under SCHED_OTHER (its nice
-/// value untouched): a data-plane thread that answers a target's second concurrent call
-/// takes only CPU that no normal thread wants (native/src/plane.rs, "extra" threads).
-pub fn set_idle_priority(idle: bool) -> Result<(), Errno> {
-    set_thread_idle_priority(0, idle)
-}
-
-/// set_idle_priority for another thread of this process (by TID; 0: the calling thread).
-pub fn set_thread_idle_priority(tid: i32, idle: bool) -> Result<(), Errno> {
-    let param = libc::sched_param { sched_priority: 0 };
-    let policy = if idle {
-        libc::SCHED_IDLE
-    } else {
-        libc::SCHED_OTHER
-    };
-    // SAFETY: param is a live sched_param with priority 0 (the only one these two policies
-    // accept); tid is an integer (0: the calling thread); the kernel only reads the struct.
-    let ret = unsafe { libc::sched_setscheduler(tid, policy, &param) };
-    if ret < 0 { Err(last_errno()) } else { Ok(()) }
-}
-
-/// The calling thread's TID.
-pub fn gettid() -> i32 {
-    // SAFETY: gettid takes nothing and cannot fail.
-    unsafe { libc::gettid() }
-}
-
-/// The calling thread's scheduling policy (tests: SCHED_IDLE or SCHED_OTHER).
-pub fn sched_policy() -> Result<i32, Errno> {
-    // SAFETY: takes an integer (0: the calling thread), returns the policy or -1.
-    let ret = unsafe { libc::sched_getscheduler(0) };
-    if ret < 0 { Err(last_errno()) } else { Ok(ret) }
-}
-
 // --- credentials of the calling thread ---------------------------------------------------
 
 const CAP_VERSION_3: u32 = 0x2008_0522;

@@ -16,8 +16,7 @@ from monitor.config import Config, ConfigError, apply, finish
 
 FAST = settings(max_examples=200, deadline=None)
 
-ALL_KEYS = ["allow", "data_plane", "data_plane_idle_extras", "data_plane_threads",
-            "dispatch_thread",
+ALL_KEYS = ["allow", "data_plane", "data_plane_threads", "dispatch_thread",
             "drop_capabilities", "keeper_socket", "key_dir", "log_level", "max_connections",
             "max_connections_per_uid", "max_targets", "metrics_address", "recv_thread",
             "registration_timeout", "sandbox", "signing", "socket", "socket_group",
@@ -354,8 +353,7 @@ def test_to_toml_default_text() -> None:
         "workers = 0\n"
         "sandbox = false\n"
         'data_plane = "native"\n'
-        "data_plane_threads = 1\n"
-        "data_plane_idle_extras = true\n")
+        "data_plane_threads = 1\n")
 
 
 def test_to_toml_quotes() -> None:
