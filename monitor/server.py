@@ -368,7 +368,7 @@ class Service:
     def _worker_start(self) -> worker_wire.Start:
         c = self.config
         return worker_wire.Start(c.key_dir, c.signing, c.log_level, c.drop_capabilities,
-                                 c.sandbox)
+                                 c.sandbox, c.data_plane, c.data_plane_threads)
 
     async def _supervise_worker(self, worker: WorkerProcess) -> None:
         """A worker must live as long as the service: if one ends, the service stops (its
