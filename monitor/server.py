@@ -42,7 +42,7 @@ from monitor.prom import Metrics
 from monitor.signing import KeyDirError, KeyRing
 from monitor.stuck_calls import restart_stuck_calls_of
 from monitor.target import Credentials, read_status
-from monitor.worker import WorkerProcess, WorkerStartError
+from monitor.worker_supervisor import WorkerProcess, WorkerStartError
 from protocol import native, oci
 from protocol import worker as worker_wire
 
