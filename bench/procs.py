@@ -98,7 +98,7 @@ def loadavg() -> list[float]:
 def print_config_keys() -> dict[str, str]:
     """The keys `fhmon serve --print-config` knows, with their default values (as TOML)."""
     out = subprocess.run([FHMON, "serve", "--print-config", "--socket", "/nonexistent/s",
-                          "--key-dir", "/nonexistent/k", "--allow", "/nonexistent"],
+                          "--key-dir", "/nonexistent/k", "--allow", "/nonexistent/shares/*"],
                          capture_output=True, text=True, timeout=30)
     keys = {}
     for line in out.stdout.splitlines():

@@ -42,7 +42,7 @@ from monitor.prom import Metrics
 from monitor.signing import KeyDirError, KeyRing
 from monitor.stuck_calls import restart_stuck_calls_of
 from monitor.target import Credentials, read_status
-from monitor.worker import WorkerProcess, WorkerStartError
+from monitor.worker_supervisor import WorkerProcess, WorkerStartError
 from protocol import native, oci
 from protocol import worker as worker_wire
 
@@ -368,7 +368,7 @@ class Service:
     def _worker_start(self) -> worker_wire.Start:
         c = self.config
         return worker_wire.Start(c.key_dir, c.signing, c.log_level, c.drop_capabilities,
-                                 c.sandbox)
+                                 c.sandbox, c.data_plane, c.data_plane_threads)
 
     async def _supervise_worker(self, worker: WorkerProcess) -> None:
         """A worker must live as long as the service: if one ends, the service stops (its

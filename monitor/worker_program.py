@@ -1,14 +1,15 @@
-"""Worker processes: more CPUs answering calls (`workers = N` in the configuration).
+"""Worker processes (`workers = N`): the calls are answered outside `fhmon serve`.
 
-Why processes: answering a call is Python that holds the GIL, so threads of one process
-cannot answer calls in parallel (a pool of dispatch threads was measured, and lost; see
-docs/performance.md). Each worker holds its own copies of every listener and share fd and
-receives from the listeners like any holder of a listener may (the kernel gives each
-notification to exactly one reader); it answers with the same code as `fhmon serve`
-(monitor.calls.Answerer) on its own dispatch thread. `fhmon serve` keeps registration, the
-keeper, the metrics endpoint and the key watcher: it sends each worker every new target
-and every key change (protocol/worker.py), and merges what the workers report into its own
-counters and metrics.
+Why: an answer whose process is SIGKILLed in the middle of ADDFD|SEND leaves the target's
+open_by_handle_at returning 0 with no fd (docs/semantics.md, "Monitor death"). A worker
+answers on the configured data plane (monitor/dataplane.py: native threads by default, or
+the Python reference), so that a hard kill of `fhmon serve` alone (the OOM killer, kill -9)
+interrupts no answer. With the python plane, workers were also more CPUs for the GIL-bound
+reference. Each worker holds its own copies of every listener and share fd and receives
+from the listeners like any holder of a listener may (the kernel gives each notification to
+exactly one reader). `fhmon serve` keeps registration, the keeper, the metrics endpoint and
+the key watcher: it sends each worker every new target and every key change
+(protocol/worker.py), and merges what the workers report into its own counters and metrics.
 
 A worker ends when its control socket reaches EOF, that is when `fhmon serve` closes it
 or dies (even by SIGKILL: the kernel closes a dead process's fds), or on SIGTERM: it
@@ -17,7 +18,10 @@ interrupts an fd injection. (Not PR_SET_PDEATHSIG: it fires when the parent *thr
 and trio starts processes from a short-lived thread.) If a worker dies, `fhmon serve` stops
 (and `fhmon launch` recovers the calls it held, as after any restart).
 
-    python -m monitor.worker CONTROL_FD     (started by `fhmon serve`, never by hand)
+    python -m monitor.worker_program CONTROL_FD RECEIVE_LOCK_FD   (started by `fhmon serve`)
+
+`fhmon serve`'s end of each worker (spawn, messages, supervision) is
+monitor/worker_supervisor.py.
 """
 
 from __future__ import annotations
@@ -25,18 +29,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
-
-import trio
 
 from monitor import fdpass, log
 from monitor.calls import Answerer, PeerCred, Target
-from monitor.dispatch_thread import DispatchThread
+from monitor.dataplane import (
+    DataPlane,
+    DataPlaneUnavailable,
+    NativeDataPlane,
+    PythonDataPlane,
+)
 from monitor.handlers.registry import Dispatcher
 from monitor.hardening import lock_down
 from monitor.listener import Listener, SharedReceiveLock
@@ -57,25 +64,33 @@ class Worker:
         self.keys = keys
         self.stats = CallStats()
         dispatcher = Dispatcher([metrics_middleware(self.stats), audit_middleware(self.stats)])
-        # every worker waits on every listener: another may RECV the call epoll reported
-        self.dispatch = DispatchThread(Answerer(dispatcher, lambda: self.keys, start.signing),
-                                       shared=receive_lock)
+        answer = Answerer(dispatcher, lambda: self.keys, start.signing)
+        self.plane: DataPlane
+        if start.data_plane == "native":
+            # per target, its own native threads blocked in RECV: a call goes to exactly one
+            # RECV of one worker, so the workers need no lock between them
+            self.plane = NativeDataPlane(answer, self.stats, keys, signing=start.signing,
+                                         threads_per_target=start.data_plane_threads)
+        else:
+            # every worker waits on every listener: another may RECV the call epoll reported
+            self.plane = PythonDataPlane(answer, shared=receive_lock)
         self.targets: dict[int, Target] = {}
+        self._hung_up: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._reported_calls: dict[int, int] = {}
 
     def run(self) -> None:
-        thread = threading.Thread(target=self.dispatch.run, name="fhmon-worker-dispatch")
+        thread = threading.Thread(target=self.plane.run, name="fhmon-worker-plane")
         thread.start()
         try:
             self._control_loop()
         finally:
-            self.dispatch.stop()
+            self.plane.stop()  # each call being answered is answered first
             thread.join()
             with contextlib.suppress(OSError):
                 self._report()
             for target_id in list(self.targets):
                 self._forget(target_id)
-            self.dispatch.close()
+            self.plane.close()
             self.receive_lock.close()
 
     def _control_loop(self) -> None:
@@ -91,6 +106,8 @@ class Worker:
                 return  # fhmon serve closed the control socket: stop
             if data is not None:
                 self._handle(wire.decode(data), fds)
+            while not self._hung_up.empty():
+                self._forget(self._hung_up.get())
             if time.monotonic() >= due:
                 self._report()
                 due = time.monotonic() + REPORT_INTERVAL
@@ -108,6 +125,8 @@ class Worker:
                 self.keys = KeyRing.load(self.start.key_dir)
             except KeyDirError as exc:
                 log.event("worker_keys_reload_failed", logging.ERROR, error=str(exc))
+                return
+            self.plane.set_keys(self.keys)  # the native plane keeps its own (locked) copy
         else:
             raise wire.WorkerProtocolError(f"unexpected {type(message).__name__}")
 
@@ -120,23 +139,22 @@ class Worker:
                         PeerCred(message.peer_pid, message.peer_uid, message.peer_gid),
                         message.convention)
         self.targets[target.target_id] = target
-
-        def gone() -> None:  # on the dispatch thread, which no longer serves it
-            if self.targets.pop(target.target_id, None) is target:
-                target.close()
-
-        self.dispatch.add(target, gone)
+        # on a plane thread: the control loop forgets it (never the plane's own thread,
+        # which remove() would wait for)
+        self.plane.add(target, lambda: self._hung_up.put(target.target_id))
 
     def _forget(self, target_id: int) -> None:
-        """fhmon serve saw the hang-up. This worker may not have: a listener is armed
-        EPOLLEXCLUSIVE in every worker, so its hang-up wakes only one of them. Whoever pops
-        the target from self.targets closes it, exactly once."""
+        """The filter has no task left: seen by fhmon serve, or by this worker's plane (a
+        python-plane listener is armed EPOLLEXCLUSIVE in every worker, so its hang-up wakes
+        only one of them). Called on the control loop's thread only: the first call closes
+        the target, later ones find it gone."""
         target = self.targets.pop(target_id, None)
         if target is not None:
-            self.dispatch.remove(target)  # waits until no call of it is being answered
+            self.plane.remove(target)  # waits until no call of it is being answered
             target.close()
 
     def _report(self) -> None:
+        self.plane.flush()  # the native plane's counts and refusals up to now
         results, seconds, refusals, buckets = self.stats.take()
         report = wire.Report(results=results, seconds=seconds, refusals=refusals,
                              buckets=buckets)
@@ -165,8 +183,8 @@ def _stop_on_signal(control: socket.socket) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or not all(arg.isdigit() for arg in argv):
-        print("usage: python -m monitor.worker CONTROL_FD RECEIVE_LOCK_FD (started by fhmon "
-              "serve)", file=sys.stderr)
+        print("usage: python -m monitor.worker_program CONTROL_FD RECEIVE_LOCK_FD (started "
+              "by fhmon serve)", file=sys.stderr)
         return 2
     control = socket.socket(fileno=int(argv[0]))
     receive_lock = SharedReceiveLock.adopt(int(argv[1]))
@@ -190,7 +208,11 @@ def main(argv: list[str]) -> int:
         log.event("worker_failed", logging.ERROR, error=str(exc))
         return 2
     lock_down(drop_caps=start.drop_capabilities, sandbox=start.sandbox)
-    worker = Worker(control, start, keys, receive_lock)
+    try:
+        worker = Worker(control, start, keys, receive_lock)
+    except DataPlaneUnavailable as exc:
+        log.event("worker_failed", logging.ERROR, error=str(exc))
+        return 2
     log.event("worker_serving", pid=os.getpid())  # ready: every fd of its own is open
     control.sendall(wire.encode(wire.Ready()))  # fhmon serve says "serving" after this
     worker.run()
@@ -199,101 +221,3 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-
-
-# --- fhmon serve's end -------------------------------------------------------------------
-
-class WorkerStartError(RuntimeError):
-    """A worker process did not get ready."""
-
-
-class WorkerProcess:
-    """`fhmon serve`'s end of one worker: the process and its control socket."""
-
-    def __init__(self, process: trio.Process, control: socket.socket) -> None:
-        self.process = process
-        self.control = control
-
-    @classmethod
-    async def spawn(cls, start: wire.Start, receive_lock_fd: int) -> WorkerProcess:
-        """receive_lock_fd: the file behind every worker's SharedReceiveLock."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "monitor.worker", str(theirs.fileno()),
-                 str(receive_lock_fd)], pass_fds=(theirs.fileno(), receive_lock_fd))
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        ours.sendall(wire.encode(start))
-        ours.setblocking(False)
-        return cls(process, ours)
-
-    def add(self, target: Target) -> None:
-        s = target.share
-        message = wire.AddTarget(
-            target.target_id, target.pid, target.peer.pid, target.peer.uid, target.peer.gid,
-            target.convention, wire.ShareInfo(s.mount_id, s.dev, s.ino, s.share_id,
-                                              s.host_path, s.target_path, s.is_mount_root,
-                                              s.whole_fs))
-        self._send(wire.encode(message), [target.listener.fd, s.path_fd, s.dir_fd])
-
-    def remove(self, target: Target) -> None:
-        self._send(wire.encode(wire.RemoveTarget(target.target_id)))
-
-    def reload_keys(self) -> None:
-        self._send(wire.encode(wire.ReloadKeys()))
-
-    def _send(self, data: bytes, fds: list[int] | None = None) -> None:
-        # Small messages on a socket the worker always reads: blocking briefly is fine.
-        self.control.setblocking(True)
-        try:
-            self.control.sendmsg([data], fdpass.rights(fds) if fds else [])
-        finally:
-            self.control.setblocking(False)
-
-    async def _next_message(self) -> wire.Message | None:
-        """The worker's next message; None once it closed its end, or died with a message
-        of ours unread (ECONNRESET)."""
-        while True:
-            await trio.lowlevel.wait_readable(self.control)
-            try:
-                data = self.control.recv(wire.MAX_MESSAGE)
-            except BlockingIOError:
-                continue
-            except OSError:
-                return None
-            return wire.decode(data) if data else None
-
-    async def ready(self) -> None:
-        """Wait for the worker's Ready: its keys are loaded and it answers calls.
-
-        Until every worker is ready fhmon serve accepts no registration: a worker whose
-        start failed (say the key directory broke in between) must stop the start-up, not
-        a service that already serves.
-        """
-        message = await self._next_message()
-        if message is None:
-            raise WorkerStartError(f"worker {self.process.pid} ended before it was ready "
-                                   f"(its worker_failed event says why)")
-        if not isinstance(message, wire.Ready):
-            raise WorkerStartError(f"worker {self.process.pid} sent "
-                                   f"{type(message).__name__} before Ready")
-
-    async def reports(self, merge: Callable[[wire.Report], None]) -> None:
-        """Merge every report until the worker closes its end."""
-        while (message := await self._next_message()) is not None:
-            if isinstance(message, wire.Report):
-                merge(message)
-
-    async def stop(self, grace: float = 5.0) -> None:
-        """Close the control socket (the worker finishes its call and exits), then wait."""
-        self.control.close()
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(grace):
-                await self.process.wait()
-            if self.process.returncode is None:
-                self.process.kill()
-                await self.process.wait()
