@@ -152,7 +152,7 @@ impl Plane {
                 .map(|(dev, _)| dev)
                 .map_err(|_| err(libc::EIO))?;
             if dev == target.share.facts.dev {
-                // the old duplicate is closed here; the target still holds its own copy
+                // the previous duplicate is closed here: a file on the share's filesystem too
                 *lock(&target.mount_fd) = Some(MountFdMemo {
                     fd,
                     ours,
