@@ -2,6 +2,8 @@
 //! monitor/credentials.py `acting_as(creds, reopen_only=True)`: per-thread raw syscalls
 //! (setfsuid, setfsgid, setgroups, capset), always switched back (a guard's Drop).
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
 use crate::status::Credentials;
 use crate::sys;
 
@@ -23,6 +25,8 @@ pub struct Baseline {
     fsgid: u32,
     groups: Vec<u32>,
     fsuid_drops_caps: bool,
+    /// this process's /proc/self/fd, kept for reopens (None: the four-component path)
+    fd_dir: Option<OwnedFd>,
 }
 
 impl Baseline {
@@ -39,9 +43,19 @@ impl Baseline {
             fsgid,
             groups: buf[..n].to_vec(),
             fsuid_drops_caps: false,
+            fd_dir: sys::open_own_fd_dir().ok(),
         };
         base.fsuid_drops_caps = base.probe_fsuid_drops_caps()?;
         Ok(base)
+    }
+
+    /// open("/proc/self/fd/N", flags) of one of our fds: a new open file with an open's
+    /// permission checks, through the kept /proc/self/fd (one path component, not four).
+    pub fn reopen(&self, obj: BorrowedFd<'_>, flags: i32) -> Result<OwnedFd, sys::Errno> {
+        match &self.fd_dir {
+            Some(dir) => sys::reopen_in(dir.as_fd(), obj, flags),
+            None => sys::reopen(obj, flags),
+        }
     }
 
     /// Whether leaving fsuid 0 alone drops every capability an open could consult
@@ -91,8 +105,14 @@ impl<'a> ActingAs<'a> {
         if creds.groups != base.groups {
             sys::setgroups_thread(&creds.groups)?;
         }
-        sys::setfsgid(creds.fsgid);
-        sys::setfsuid(creds.fsuid);
+        // setting an id to the value it has changes nothing (the kernel allocates new
+        // credentials only to discard them): skipped, each way
+        if creds.fsgid != base.fsgid {
+            sys::setfsgid(creds.fsgid);
+        }
+        if creds.fsuid != base.fsuid {
+            sys::setfsuid(creds.fsuid);
+        }
         if !fsuid_only {
             sys::capset_thread(
                 creds.cap_effective & base.permitted,
@@ -110,8 +130,12 @@ impl Drop for ActingAs<'_> {
         if !self.fsuid_only {
             let _ = sys::capset_thread(base.permitted, base.permitted, base.inheritable);
         }
-        sys::setfsuid(base.fsuid); // back to 0: the kernel raises the fs caps again
-        sys::setfsgid(base.fsgid);
+        if self.creds.fsuid != base.fsuid {
+            sys::setfsuid(base.fsuid); // back to 0: the kernel raises the fs caps again
+        }
+        if self.creds.fsgid != base.fsgid {
+            sys::setfsgid(base.fsgid);
+        }
         if self.creds.groups != base.groups {
             let _ = sys::setgroups_thread(&base.groups);
         }

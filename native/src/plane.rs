@@ -116,6 +116,8 @@ struct Target {
     stopping: AtomicBool,
     hung_up: AtomicBool,
     threads: Mutex<Vec<ThreadEntry>>,
+    /// the target's last mount_fd on the share's filesystem (obh.rs known_mount_fd)
+    mount_fd: Mutex<Option<obh::MountFdMemo>>,
     fallback_lock: Mutex<()>,
 }
 
@@ -223,6 +225,7 @@ impl Plane {
             stopping: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
             threads: Mutex::new(Vec::with_capacity(16)),
+            mount_fd: Mutex::new(None),
             fallback_lock: Mutex::new(()),
         });
         let mut threads = Vec::new();
