@@ -32,10 +32,10 @@ from tests.adversarial.common import (
     obh_errno,
     signed,
 )
-from tests.adversarial.conftest import Recorder
-from tests.conftest import Agent, World
-from tests.handles import N2HResult
-from tests.mounts import mounted
+from tests.adversarial.recording import Recorder
+from tests.support import Agent, World
+from tests.support.handles import N2HResult
+from tests.support.mounts import mounted
 
 LINKS = 41  # one more than the kernel's MAXSYMLINKS
 

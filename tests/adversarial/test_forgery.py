@@ -21,10 +21,11 @@ import pytest
 
 from protocol import native
 from tests.adversarial.common import FORGERY, TRAILER, errname, obh_errno, signed, wait_for
-from tests.adversarial.conftest import Baseline, Recorder
-from tests.conftest import FHMON, Agent, Service, World
-from tests.handles import N2HResult
-from tests.listeners import send_raw
+from tests.adversarial.guard import Baseline
+from tests.adversarial.recording import Recorder
+from tests.support import FHMON, Agent, Service, World
+from tests.support.handles import N2HResult
+from tests.support.listeners import send_raw
 
 
 @pytest.fixture

@@ -26,10 +26,10 @@ import pytest
 
 from monitor import seccomp_filter
 from tests.adversarial.common import EXHAUSTION, FUZZING, errname, wait_for
-from tests.adversarial.conftest import Recorder
-from tests.conftest import NOBODY, Agent, Service, World
-from tests.handles import N2HResult
-from tests.listeners import hello, send_raw
+from tests.adversarial.recording import Recorder
+from tests.support import NOBODY, Agent, Service, World
+from tests.support.handles import N2HResult
+from tests.support.listeners import hello, send_raw
 
 SLOW_CONNECTIONS = 150
 FLOOD_CONNECTIONS = 300

@@ -12,7 +12,7 @@ import trio
 import yaml
 
 from tests.adversarial.common import EXHAUSTION, FUZZING, PRIVILEGE
-from tests.adversarial.conftest import Recorder
+from tests.adversarial.recording import Recorder
 from tests.unit.test_kubevirt_bundle import bundle, needs_root, steal_from_launcher
 from tests.unit.test_kubevirt_inject import LAUNCHER_POD
 from tests.unit.test_kubevirt_webhook import LIMITS, Server, raw_exchange, review, server

@@ -24,9 +24,9 @@ import pytest
 
 from protocol import native
 from tests.adversarial.common import REGISTRATION, errname, n2h_errno, obh_errno, signed
-from tests.adversarial.conftest import Recorder
-from tests.conftest import FHMON, Agent, Service, World, wait_until
-from tests.listeners import filtered_child, send_raw
+from tests.adversarial.recording import Recorder
+from tests.support import FHMON, Agent, Service, World, wait_until
+from tests.support.listeners import filtered_child, send_raw
 
 
 class NamespaceAgent(Agent):

@@ -12,9 +12,9 @@ import subprocess
 
 from protocol import native
 from tests.adversarial.common import EXHAUSTION
-from tests.adversarial.conftest import Recorder
-from tests.conftest import FHMON, Service, World
-from tests.listeners import FilteredChild, filtered_child, hello, send_raw
+from tests.adversarial.recording import Recorder
+from tests.support import FHMON, Service, World
+from tests.support.listeners import FilteredChild, filtered_child, hello, send_raw
 
 TARGETS = 120
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Agent, Service, World
-from tests.handles import N2HResult
+from tests.support import Agent, Service, World
+from tests.support.handles import N2HResult
 
 O_RDONLY, O_PATH = 0, 0o10000000
 AT_SYMLINK_FOLLOW, AT_HANDLE_FID = 0x400, 0x200

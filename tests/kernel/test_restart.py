@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Agent, Service, World
-from tests.handles import N2HResult
+from tests.support import Agent, Service, World
+from tests.support.handles import N2HResult
 
 THREADS = 4  # target threads making a virtiofsd-like 1:3 mix of lookups and opens, from
 # before the first restart until after the last one (bounded by the restarts, not by a

@@ -24,8 +24,8 @@ from typing import Any
 import yaml
 
 from monitor import signing
-from tests.conftest import FHMON, Agent, Service, World
-from tests.handles import N2HResult
+from tests.support import FHMON, Agent, Service, World
+from tests.support.handles import N2HResult
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "deploy" / "base"

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from protocol import native
-from tests.conftest import FHMON, Service, World
-from tests.listeners import FilteredChild, filtered_child, hello, send_raw
+from tests.support import FHMON, Service, World
+from tests.support.listeners import FilteredChild, filtered_child, hello, send_raw
 
 TARGETS = 200
 

@@ -1,0 +1,26 @@
+"""What the tests build on: the world tree, a running fhmon, target agents, raw intake
+clients and handle shorthands. conftest.py only turns these into fixtures.
+
+- world.py: World and build_world, NOBODY, FHMON, SYSTEM_PYTHON, wait_until, thread_syscalls
+- service.py: Service (a `fhmon serve`), Runner and unprivileged_runner (fhmon as uid 65534)
+- agent.py: Agent, the driver of target_agent.py (the target program itself)
+- listeners.py, handles.py, mounts.py: a filtered child and raw intake messages, the
+  N2HResult of a name_to_handle_at, mounts for a test's lifetime
+- oci_runtime.py: a stand-in OCI runtime (`python -m tests.support.oci_runtime`)
+"""
+
+from tests.support.agent import Agent
+from tests.support.service import Runner, Service, unprivileged_runner
+from tests.support.world import (
+    FHMON,
+    NOBODY,
+    REPO,
+    SYSTEM_PYTHON,
+    World,
+    build_world,
+    thread_syscalls,
+    wait_until,
+)
+
+__all__ = ["FHMON", "NOBODY", "REPO", "SYSTEM_PYTHON", "Agent", "Runner", "Service", "World",
+           "build_world", "thread_syscalls", "unprivileged_runner", "wait_until"]
