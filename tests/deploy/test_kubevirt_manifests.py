@@ -12,16 +12,8 @@ import pytest
 import yaml
 
 from monitor.kubevirt import inject
-from tests.deploy.test_manifests import (
-    K8S_VERSIONS,
-    NAMESPACE,
-    OVERLAYS,
-    ds_socket,
-    key,
-    one,
-    render,
-    run_fhmon,
-)
+from tests.deploy.flags import ds_socket, run_fhmon
+from tests.deploy.render import K8S_VERSIONS, NAMESPACE, OVERLAYS, key, one, render
 from tests.unit.test_kubevirt_inject import LAUNCHER_POD
 
 OVERLAY = OVERLAYS / "kubevirt"
