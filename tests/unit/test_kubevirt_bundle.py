@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from monitor.kubevirt import inject as kv
+from monitor.kubevirt import containers
 
 CLONE_NEWNS = 0x20000
 MS_REC, MS_PRIVATE = 0x4000, 0x40000
@@ -42,8 +42,8 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need
 
 def launcher_argv(root: Path, *args: str) -> list[str]:
     """The injected command line, with the launcher directory moved to `root`."""
-    command = kv.launcher_command(kv.Settings(), "/data")
-    moved = [a.replace(kv.LAUNCHER_DIR, str(root)) for a in command]
+    command = containers.launcher_command(containers.Settings(), "/data")
+    moved = [a.replace(containers.LAUNCHER_DIR, str(root)) for a in command]
     return moved[:moved.index("launch")] + list(args)
 
 
@@ -224,16 +224,16 @@ def test_registers_again_through_the_read_only_socket_directory(bundle: Path) ->
         server.settimeout(30)
         return server
 
-    settings = kv.Settings()
+    settings = containers.Settings()
     spec = {"root": str(base / "root"), "host": ["/usr", "/etc", "/dev", "/proc"],
             "links": {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64",
                       "sbin": "usr/sbin"},
-            "mounts": [{"source": str(bundle), "target": kv.LAUNCHER_DIR, "readonly": True},
+            "mounts": [{"source": str(bundle), "target": containers.LAUNCHER_DIR, "readonly": True},
                        {"source": str(host_dir), "target": settings.socket.rpartition("/")[0],
                         "readonly": True},
                        {"source": str(share), "target": "/data", "readonly": False}],
             "files": {}, "uid": 107, "gid": 107, "groups": [107],
-            "argv": [*kv.launcher_command(settings, "/data"), "/usr/bin/sleep", "60"],
+            "argv": [*containers.launcher_command(settings, "/data"), "/usr/bin/sleep", "60"],
             "env": {"PATH": "/usr/bin:/bin"}}
     (base / "spec.json").write_text(js.dumps(spec))
     runtime = Path(__file__).parents[1] / "e2e" / "pod_runtime.py"
