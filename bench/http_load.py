@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.adversarial.test_http import Attacker, free_port
 from tests.support import Agent, Service, build_world
+from tests.support.http_attack import Attacker, free_port
 
 
 def latency(agent: Agent, calls: int) -> tuple[float, float]:

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
+from monitor.kubevirt import webhook
 from tests.support import Agent, Runner, Service, World, build_world, unprivileged_runner
+from tests.support.kubevirt import LIMITS, SecretVolume, Server
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -71,3 +76,34 @@ def spawn(world: World, fhmon: Service) -> Iterator[Any]:
     yield make
     for agent in agents:
         agent.close()
+
+
+# --- KubeVirt: the launcher bundle and the admission webhook (tests/support/kubevirt.py) ---
+
+@pytest.fixture(scope="module")
+def bundle() -> Iterator[Path]:
+    # Readable by other users (pytest's tmp dirs are 0700): the launcher runs as one.
+    parent = Path(tempfile.mkdtemp(prefix="fhmon-bundle-", dir="/tmp"))
+    parent.chmod(0o755)
+    root = parent / "launcher"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "monitor.cli", "install-launcher", str(root)],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "monitor" in result.stderr and "trio" in result.stderr
+        yield root
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[Server]:
+    volume = SecretVolume(tmp_path)
+    volume.rotate("first")
+    certificates = webhook.CertificateFiles(volume.cert, volume.key)
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(webhook.serve, "127.0.0.1:0", certificates,
+                                    webhook.DEFAULT_SETTINGS, LIMITS)
+        yield Server(bound[0][1], volume, certificates)
+        nursery.cancel_scope.cancel()

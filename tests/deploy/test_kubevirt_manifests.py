@@ -14,7 +14,7 @@ import yaml
 from monitor.kubevirt import containers, inject
 from tests.deploy.flags import ds_socket, run_fhmon
 from tests.deploy.render import K8S_VERSIONS, NAMESPACE, OVERLAYS, key, one, render
-from tests.unit.test_kubevirt_inject import LAUNCHER_POD
+from tests.support.kubevirt import LAUNCHER_POD
 
 OVERLAY = OVERLAYS / "kubevirt"
 

@@ -32,7 +32,7 @@ import yaml
 
 from monitor.kubevirt import containers, deviceplugin, inject
 from protocol import deviceplugin as api
-from tests.unit.test_kubevirt_inject import LAUNCHER_POD
+from tests.support.kubevirt import LAUNCHER_POD
 
 from . import expect, harness
 

@@ -80,3 +80,11 @@ class Agent:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         return self.proc.wait()
+
+
+class NamespaceAgent(Agent):
+    """The agent under `fhmon launch`, as uid 65534 through `unshare -Urm`: root of its own
+    user and mount namespace, which it may rearrange."""
+
+    def __init__(self, world: World, socket: str, share: Path) -> None:
+        super().__init__(world, "fhmon", share, socket, through=["unshare", "-Urm"])

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 import difflib
 import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -17,9 +15,8 @@ from monitor.kubevirt import containers as kc
 from monitor.kubevirt import inject as kv
 from monitor.kubevirt.containers import Settings
 from monitor.kubevirt.inject import InjectError, inject, plan_pod, pod_patch
+from tests.support.kubevirt import LAUNCHER_POD, apply_patch
 
-HERE = Path(__file__).parent / "kubevirt"
-LAUNCHER_POD = (HERE / "virt-launcher-pod.yaml").read_text()
 PVC_CONTAINERS = {"virtiofs-data", "virtiofs-rootdv"}
 
 # Documents that must come out exactly as they went in (odd formatting on purpose).
@@ -42,26 +39,6 @@ spec:
     image: busybox
     command: ["/usr/libexec/virtiofsd"]
 """
-
-
-def apply_patch(document: Any, patch: list[dict[str, Any]]) -> Any:
-    """A small RFC 6902 applier for the two operations the plan uses (add, replace)."""
-    document = copy.deepcopy(document)
-    for operation in patch:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in operation["path"][1:].split("/")]
-        parent = document
-        for part in parts[:-1]:
-            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
-        last = parts[-1]
-        if isinstance(parent, list):
-            if operation["op"] == "add":
-                parent.insert(len(parent) if last == "-" else int(last), operation["value"])
-            else:
-                parent[int(last)] = operation["value"]
-        else:
-            assert operation["op"] == "add" or last in parent, operation
-            parent[last] = operation["value"]
-    return document
 
 
 def container_lines(text: str, names: set[str]) -> set[int]:
