@@ -3,10 +3,14 @@ clients and handle shorthands. conftest.py only turns these into fixtures.
 
 - world.py: World and build_world, NOBODY, FHMON, SYSTEM_PYTHON, wait_until, thread_syscalls
 - service.py: Service (a `fhmon serve`), Runner and unprivileged_runner (fhmon as uid 65534)
-- agent.py: Agent, the driver of target_agent.py (the target program itself)
-- listeners.py, handles.py, mounts.py: a filtered child and raw intake messages, the
+- agent.py: Agent, the driver of target_agent.py (the target program itself), and
+  NamespaceAgent (through `unshare -Urm`)
+- listeners.py, handles.py, mounts.py: filtered children and raw intake messages, the
   N2HResult of a name_to_handle_at, mounts for a test's lifetime
+- load.py: a busy target across fhmon restarts; keeper.py: a `fhmon keeper` process
 - oci_runtime.py: a stand-in OCI runtime (`python -m tests.support.oci_runtime`)
+- kubevirt.py: the virt-launcher pod, the launcher bundle, the webhook on loopback TLS
+- http_attack.py: connections held open against the HTTP endpoint (tests and bench)
 """
 
 from tests.support.agent import Agent
