@@ -27,9 +27,9 @@ from pathlib import Path
 
 from monitor import fdpass, seccomp_filter
 from tests.adversarial.common import PRIVILEGE
-from tests.adversarial.conftest import Recorder
-from tests.conftest import SYSTEM_PYTHON, Service, World, wait_until
-from tests.kernel.test_keeper_orders import KeeperProc
+from tests.adversarial.recording import Recorder
+from tests.support import SYSTEM_PYTHON, Service, World, wait_until
+from tests.support.keeper import KeeperProc
 
 # The target: forks a child that stays (under the same filter) and writes its pid; exits.
 TARGET = """

@@ -40,9 +40,9 @@ from tests.adversarial.common import (
     signed,
     warm,
 )
-from tests.adversarial.conftest import Recorder
-from tests.conftest import Agent, Service, World
-from tests.handles import N2HResult
+from tests.adversarial.recording import Recorder
+from tests.support import Agent, Service, World
+from tests.support.handles import N2HResult
 
 FLAG_NAMES = {O_WRONLY: "O_WRONLY", O_RDWR: "O_RDWR", O_TRUNC: "O_TRUNC",
               O_APPEND: "O_APPEND", O_NOATIME: "O_NOATIME", O_PATH: "O_PATH",

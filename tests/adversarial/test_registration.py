@@ -27,9 +27,10 @@ import pytest
 
 from protocol import native
 from tests.adversarial.common import REGISTRATION, errname, run_as_nobody, wait_for
-from tests.adversarial.conftest import Baseline, Recorder
-from tests.conftest import NOBODY, Runner, Service, World
-from tests.listeners import FilteredChild, filtered_child, hello, send_raw
+from tests.adversarial.guard import Baseline
+from tests.adversarial.recording import Recorder
+from tests.support import NOBODY, Runner, Service, World
+from tests.support.listeners import FilteredChild, filtered_child, hello, send_raw
 
 
 @pytest.fixture

@@ -31,9 +31,9 @@ from tests.adversarial.common import (
     signed,
     wait_for,
 )
-from tests.adversarial.conftest import Recorder
-from tests.conftest import Agent, Service, World, thread_syscalls
-from tests.handles import N2HResult
+from tests.adversarial.recording import Recorder
+from tests.support import Agent, Service, World, thread_syscalls
+from tests.support.handles import N2HResult
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Agent, World
-from tests.handles import TRAILER, N2HResult
+from tests.support import Agent, World
+from tests.support.handles import TRAILER, N2HResult
 
 O_RDONLY, O_WRONLY, O_RDWR = 0, 1, 2
 O_DIRECTORY, O_PATH, O_CLOEXEC = 0o200000, 0o10000000, 0o2000000

@@ -25,7 +25,7 @@ from monitor import seccomp_filter
 from monitor.dispatch_thread import DispatchThread
 from monitor.listener import Listener, SharedReceiveLock
 from protocol import kernel
-from tests.conftest import NOBODY, SYSTEM_PYTHON, thread_syscalls, wait_until
+from tests.support import NOBODY, SYSTEM_PYTHON, thread_syscalls, wait_until
 
 # One name_to_handle_at (trapped by the filter), its result into a pipe, then a long sleep.
 # SIGUSR1 has a handler (Python sets no SA_RESTART): it withdraws the waiting call, which

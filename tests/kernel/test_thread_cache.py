@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Agent, wait_until
-from tests.handles import N2HResult
+from tests.support import Agent, wait_until
+from tests.support.handles import N2HResult
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 AT_EMPTY_PATH = 0x1000

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from protocol import kernel
-from tests.conftest import Agent, Service, World, thread_syscalls, wait_until
-from tests.handles import N2HResult
+from tests.support import Agent, Service, World, thread_syscalls, wait_until
+from tests.support.handles import N2HResult
 
 KEPT_CAPS = sum(1 << c for c in (2, 5, 6, 7, 19))  # as test_observability checks for serve
 
