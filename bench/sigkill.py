@@ -37,8 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Agent, Service, World, _build_world
-from tests.handles import N2HResult
+from tests.support import Agent, Service, World
+from tests.support.handles import N2HResult
+from tests.support.world import build_world as _build_world
 
 LAYOUTS = {"inproc": "workers = 0\n", "workers1": "workers = 1\n"}
 SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM}
