@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from monitor import log
-from monitor.handlers.base import CallContext, Handler, Middleware, Outcome
+from monitor.handlers.base import Answered, CallContext, Middleware, Step
 from monitor.listener import NotificationGone
 from monitor.target import SyscallError
 
@@ -155,8 +155,8 @@ def metrics_middleware(stats: CallStats) -> Middleware:
     """Counts every call by syscall and result, and times it."""
     record = stats.record
 
-    def wrap(name: str, handler: Handler) -> Handler:
-        def measured(ctx: CallContext) -> Outcome:
+    def wrap(name: str, handler: Step) -> Step:
+        def measured(ctx: CallContext) -> Answered:
             start = time.perf_counter()
             result = "ok"
             try:
@@ -179,8 +179,8 @@ def audit_middleware(stats: CallStats) -> Middleware:
 
     events = logging.getLogger("fhmon.events")
 
-    def wrap(name: str, handler: Handler) -> Handler:
-        def audited(ctx: CallContext) -> Outcome:
+    def wrap(name: str, handler: Step) -> Step:
+        def audited(ctx: CallContext) -> Answered:
             try:
                 outcome = handler(ctx)
             except SyscallError as exc:

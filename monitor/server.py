@@ -29,7 +29,7 @@ from monitor.config import Config
 from monitor.credentials import acting_as
 from monitor.dataplane import DataPlane, make_data_plane
 from monitor.fdpass import close_quietly
-from monitor.handlers.registry import Dispatcher
+from monitor.handlers.registry import HandlerRegistry
 from monitor.hardening import lock_down
 from monitor.intake import Intake
 from monitor.intake_socket import open_intake_socket
@@ -65,9 +65,9 @@ class Service:
         self.keeper = (KeeperClient(config.keeper_socket, self.metrics,
                                     lambda: self.targets.values())
                        if config.keeper_socket else None)
-        self.dispatcher = Dispatcher([metrics_middleware(self.stats),
-                                      audit_middleware(self.stats)])
-        self._answer = Answerer(self.dispatcher, lambda: self.keys, config.signing)
+        self.handlers = HandlerRegistry([metrics_middleware(self.stats),
+                                         audit_middleware(self.stats)])
+        self._answer = Answerer(self.handlers, lambda: self.keys, config.signing)
         self.started = time.time()
         self.key_error: str | None = None
         self.intake = Intake(config, self)

@@ -119,7 +119,7 @@ def test_every_refusal_reason_in_monitor_has_an_identifier() -> None:
     for path in Path(__file__).resolve().parents[2].joinpath("monitor").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id == "SyscallError" and len(node.args) >= 2):
+                    and node.func.id in ("SyscallError", "Error") and len(node.args) >= 2):
                 reason = node.args[1]
                 if isinstance(reason, ast.JoinedStr):  # f"...": its constant beginning
                     first = reason.values[0]
