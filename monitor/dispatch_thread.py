@@ -3,9 +3,9 @@
 Why not trio's wait_readable, the first design: per call it re-arms epoll, switches tasks
 and runs the scheduler, ~20 us of fhmon's CPU on the machines fhmon was measured on (a
 fifth of a whole call; docs/performance.md). A thread blocked in epoll_wait skips all of
-it. Why one thread for every listener, not one per listener (`recv_thread`): with many
-threads every syscall that releases the GIL becomes a hand-off between threads, and at 8
-busy targets the CPU per call tripled.
+it. Why one thread for every listener, not one per listener (the retired `recv_thread`):
+with many threads every syscall that releases the GIL becomes a hand-off between threads,
+and at 8 busy targets the CPU per call tripled.
 
 trio still owns the lifetimes: a target's task adds its listener here and sleeps until the
 thread reports the hang-up (or until the task is cancelled); `remove` returns only when

@@ -94,7 +94,7 @@ class CallStats:
 
     def record(self, syscall: str, result: str, elapsed: float) -> None:
         syscall, result = syscall_label(syscall), result_label(result)
-        with self.lock:  # recv_thread workers may record at once
+        with self.lock:  # native threads (the Python fallback) may record at once
             self.results[(syscall, result)] += 1
             self.seconds[syscall] = self.seconds.get(syscall, 0.0) + elapsed
             self._bucket(syscall, elapsed)

@@ -15,8 +15,6 @@ import json
 import logging
 import os
 import resource
-import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +44,6 @@ from monitor.worker import WorkerProcess, WorkerStartError
 from protocol import native, oci
 from protocol import worker as worker_wire
 
-_WAKE = signal.SIGUSR1  # interrupts a worker thread's RECV
 WORKER_START_TIMEOUT = 30.0  # seconds for every worker to load its keys and lock down
 
 
@@ -123,8 +120,6 @@ class Service:
 
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         _raise_fd_limit()
-        if self.config.recv_thread:
-            signal.signal(_WAKE, lambda *_: None)  # interrupt RECV without killing us
         intake_socket = open_intake_socket(self.config)
         try:
             # Before the sandbox: it allows no execve.
@@ -145,8 +140,7 @@ class Service:
             for event, fields in lock_down(drop_caps=self.config.drop_capabilities,
                                            sandbox=self.config.sandbox).items():
                 log.event(event, **fields)
-            if (self.config.dispatch_thread and not self.config.recv_thread
-                    and not self._workers):
+            if not self._workers:
                 self._dispatch = make_data_plane(self.config, self._answer, self.stats,
                                                  self.keys)
             async with trio.open_nursery() as nursery:
@@ -399,29 +393,12 @@ class Service:
             self._release(target)
 
     async def _serve_target(self, target: Target) -> None:
+        """The data plane answers the target's calls, or the worker processes do."""
         if self._workers:
             await self._serve_target_by_workers(target)
             return
-        if self.config.recv_thread:
-            await self._serve_target_in_thread(target)
-            return
-        if self._dispatch is not None:
-            await self._serve_target_dispatched(target, self._dispatch)
-            return
-        listener = target.listener
-        try:
-            while True:
-                await trio.lowlevel.wait_readable(listener.fd)
-                ready = listener.poll()
-                if ready is None:
-                    break
-                if not ready:
-                    continue
-                notif = listener.receive_ready()
-                if notif is not None:  # None: the caller went away between poll and recv
-                    self._answer(target, notif)
-        finally:
-            self._release(target)
+        assert self._dispatch is not None  # serve() made it, since there are no workers
+        await self._serve_target_dispatched(target, self._dispatch)
 
     async def _serve_target_dispatched(self, target: Target, dispatch: DataPlane) -> None:
         """The dispatch thread answers the calls; this task waits for the hang-up."""
@@ -446,40 +423,6 @@ class Service:
             self.keeper.forget(target.target_id)
         target.close()
         log.event("target_gone", target=target.target_id, pid=target.pid, calls=target.calls)
-
-    async def _serve_target_in_thread(self, target: Target) -> None:
-        """One OS thread per listener, asleep in RECV (the kernel's same-CPU wake-up hint
-        reaches it; an epoll wait loses it), answering each call itself. trio only watches
-        for POLLHUP and for a stop, and then wakes the thread with SIGUSR1 (RECV returns
-        EINTR; the ioctl is made through ctypes, which does not retry)."""
-        listener = target.listener
-        stop = threading.Event()
-
-        def work() -> None:
-            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - {_WAKE})
-            while not stop.is_set():
-                try:
-                    notif = listener.receive()
-                except OSError:
-                    log.event("recv_failed", logging.ERROR, target=target.target_id,
-                              exc_info=True)
-                    return
-                if notif is not None:
-                    self._answer(target, notif)
-
-        worker = threading.Thread(target=work, name=f"fhmon-target-{target.target_id}",
-                                  daemon=True)
-        worker.start()
-        try:
-            while worker.is_alive() and not listener.hung_up():
-                await trio.sleep(0.25)
-        finally:
-            stop.set()
-            while worker.is_alive():
-                if worker.ident is not None:
-                    signal.pthread_kill(worker.ident, _WAKE)
-                worker.join(0.05)
-            self._release(target)
 
     def status(self) -> dict[str, Any]:
         return {"targets": [t.describe() for t in self.targets.values()],
