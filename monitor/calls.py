@@ -13,7 +13,8 @@ from monitor.handlers.registry import HandlerRegistry
 from monitor.listener import Listener
 from monitor.policy import Share
 from monitor.signing import KeyRing
-from monitor.target import TargetThread, ThreadCache
+from monitor.target_thread import TargetThread
+from monitor.thread_cache import ThreadCache
 from protocol import kernel
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from monitor import log
 from monitor.handlers.base import Answered, CallContext, Middleware, Step
 from monitor.listener import NotificationGone
-from monitor.target import SyscallError
+from monitor.target_thread import SyscallError
 
 # Answers that mean "fhmon refused on policy", worth an audit line when the handler said why
 # (SyscallError.reason).

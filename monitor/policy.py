@@ -22,7 +22,7 @@ import stat
 from dataclasses import dataclass, field
 
 from monitor import linux, signing
-from monitor.target import SyscallError
+from monitor.target_thread import SyscallError
 from protocol import kernel
 
 

@@ -36,10 +36,10 @@ from monitor.linux import kcmp_same_file
 from monitor.listener import Listener, is_seccomp_listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
 from monitor.policy import RegistrationRefused, Share, pin_share
+from monitor.proc_status import Credentials, read_status
 from monitor.prom import Metrics
 from monitor.signing import KeyDirError, KeyRing
 from monitor.stuck_calls import restart_stuck_calls_of
-from monitor.target import Credentials, read_status
 from monitor.worker import WorkerProcess, WorkerStartError
 from protocol import native, oci
 from protocol import worker as worker_wire

@@ -16,7 +16,7 @@ from monitor import linux
 from monitor.credentials import acting_as
 from monitor.handlers.base import CallContext, Return
 from monitor.policy import check_resolved
-from monitor.target import SyscallError, TargetThread
+from monitor.target_thread import SyscallError, TargetThread
 from protocol import kernel, signed_handle
 
 

@@ -37,7 +37,7 @@ from monitor import linux
 from monitor.credentials import acting_as
 from monitor.handlers.base import CallContext, InjectFd
 from monitor.policy import check_opened
-from monitor.target import SyscallError
+from monitor.target_thread import SyscallError
 from protocol import kernel
 
 # Flags that only make sense for the open we do ourselves, or that the magic-link reopen
