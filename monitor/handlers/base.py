@@ -69,8 +69,8 @@ class Injected:
 
 
 Outcome = Return | Error | InjectFd
-# What the middleware sees: an InjectFd is answered below it (monitor/reply.py), so that its
-# time and its failures (ENOENT: gone; EMFILE in the target) are the call's.
+# What the middleware sees: an InjectFd is answered below it (monitor/handlers/reply.py),
+# so that its time and its failures (ENOENT: gone; EMFILE in the target) are the call's.
 Answered = Return | Injected
 Handler = Callable[[CallContext], Outcome]
 Step = Callable[[CallContext], Answered]

@@ -3,7 +3,7 @@
 Kernel checks first and in the kernel's order (header EFAULT, handle_bytes EINVAL, type
 EINVAL, handle bytes EFAULT, mount_fd EBADF); then the MAC (ESTALE), the decode on the
 share's own mount, the inside-the-share check, and the open itself with the target's
-credentials. The handler returns the opened fd (InjectFd); the answerer (monitor/reply.py)
+credentials. The handler returns the opened fd (InjectFd); the answerer (monitor/handlers/reply.py)
 hands it over through ADDFD with SECCOMP_ADDFD_FLAG_SEND, which installs it and answers
 the call in one step.
 
@@ -92,7 +92,7 @@ def open_by_handle_at(ctx: CallContext) -> InjectFd:
         opened = _reopen_as_target(ctx, obj, flags, is_dir)
     finally:
         os.close(obj)
-    # answered by ADDFD|SEND (monitor/reply.py), which closes `opened`
+    # answered by ADDFD|SEND (monitor/handlers/reply.py), which closes `opened`
     return InjectFd(opened, cloexec=bool(flags & kernel.O_CLOEXEC))
 
 

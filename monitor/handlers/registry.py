@@ -1,5 +1,5 @@
 """The syscall -> handler registry: picks a call's handler, wraps it in middleware, and
-hands the outcome to the one answerer (monitor/reply.py)."""
+hands the outcome to the one answerer (monitor/handlers/reply.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import errno
 import logging
 from collections.abc import Iterable
 
-from monitor import reply
+from monitor.handlers import reply
 from monitor.handlers.base import (
     Answered,
     CallContext,
@@ -48,7 +48,7 @@ def _unexpected(ctx: CallContext) -> Outcome:
 
 def _answering(handler: Handler) -> Step:
     """The handler as the middleware sees it: an Error is raised (SyscallError, as the
-    handlers' helpers raise theirs), an fd is injected at once (monitor/reply.py)."""
+    handlers' helpers raise theirs), an fd is injected at once (monitor/handlers/reply.py)."""
 
     def step(ctx: CallContext) -> Answered:
         outcome = handler(ctx)
