@@ -8,8 +8,6 @@ and the finally blocks close every fd.
 from __future__ import annotations
 
 import contextlib
-import errno
-import hmac
 import itertools
 import json
 import logging
@@ -24,20 +22,19 @@ import trio
 from monitor import log
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.config import Config
-from monitor.credentials import acting_as
 from monitor.dataplane import DataPlane, make_data_plane
-from monitor.fdpass import close_quietly
 from monitor.handlers.registry import HandlerRegistry
 from monitor.hardening import lock_down
 from monitor.intake import Intake
 from monitor.intake_socket import open_intake_socket
 from monitor.keeper_client import KeeperClient
-from monitor.linux import kcmp_same_file
-from monitor.listener import Listener, is_seccomp_listener
+from monitor.key_watch import watch_key_dir
+from monitor.listener import Listener
 from monitor.metrics import CallStats, audit_middleware, metrics_middleware
-from monitor.policy import RegistrationRefused, Share, pin_share
-from monitor.proc_status import Credentials, read_status
+from monitor.policy import RegistrationRefused
+from monitor.proc_status import Credentials
 from monitor.prom import Metrics
+from monitor.registration import check_registration, hello_listener, oci_listener
 from monitor.signing import KeyDirError, KeyRing
 from monitor.stuck_calls import restart_stuck_calls_of
 from monitor.worker import WorkerProcess, WorkerStartError
@@ -91,32 +88,12 @@ class Service:
                       signer=f"{ring.signer:08x}")
         return True
 
-    async def watch_keys(self, interval: float = 1.0) -> None:
-        """Reload when the key dir changes (Secret updates swap a symlink: watch mtimes)."""
-        last = self._key_dir_fingerprint()
-        while True:
-            await trio.sleep(interval)
-            now = self._key_dir_fingerprint()
-            if now != last:
-                last = now
-                self.reload_keys()
-
     async def sweep_threads(self, interval: float = 1.0) -> None:
         """Close the cached pidfds of target threads that exited (fd count back to base)."""
         while True:
             await trio.sleep(interval)
             for target in list(self.targets.values()):
                 target.threads.sweep()
-
-    def _key_dir_fingerprint(self) -> tuple[Any, ...]:
-        try:
-            entries = []
-            for name in sorted(os.listdir(self.config.key_dir)):
-                st = os.stat(os.path.join(self.config.key_dir, name))
-                entries.append((name, st.st_ino, st.st_mtime_ns, st.st_size))
-            return tuple(entries)
-        except OSError:
-            return ()
 
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         _raise_fd_limit()
@@ -148,7 +125,7 @@ class Service:
                     nursery.start_soon(self._run_dispatch_thread, self._dispatch)
                 for worker in self._workers:
                     nursery.start_soon(self._supervise_worker, worker)
-                nursery.start_soon(self.watch_keys)
+                nursery.start_soon(watch_key_dir, self.config.key_dir, self.reload_keys)
                 nursery.start_soon(self.sweep_threads)
                 if self.config.metrics_address:
                     from monitor.prom import serve_http
@@ -189,6 +166,10 @@ class Service:
     def intake_full(self) -> bool:
         return self.intake.admission.full()
 
+    def worker_ended(self) -> bool:
+        """Whether a worker process ended (the service then stops: _supervise_worker)."""
+        return any(w.process.returncode is not None for w in self._workers)
+
     def count_registration(self, outcome: str) -> None:
         self.stats.registrations[outcome] += 1
 
@@ -196,17 +177,8 @@ class Service:
                         nursery: trio.Nursery) -> native.Accept | native.Refuse:
         """A HELLO and the fds that came with it (all of them ours to keep or close)."""
         try:
-            if len(fds) != 1:
-                for fd in fds:
-                    close_quietly(fd)
-                raise RegistrationRefused(
-                    f"HELLO must carry exactly one fd (the listener), got {len(fds)}",
-                    errno.EINVAL)
-            if hello.flags & ~native.HELLO_KNOWN_FLAGS:
-                close_quietly(fds[0])
-                raise RegistrationRefused(f"unknown HELLO flags {hello.flags:#x}", errno.EINVAL)
-            target = self._register(fds[0], hello.target_pid, hello.share, peer, "native",
-                                    nursery, expected_share_id=hello.share_id)
+            target = self._register(hello_listener(hello, fds), hello.target_pid, hello.share,
+                                    peer, "native", nursery, expected_share_id=hello.share_id)
         except RegistrationRefused as exc:
             self._refused(peer, exc.reason)
             return native.Refuse(exc.errno, exc.reason)
@@ -225,13 +197,9 @@ class Service:
         log.audit("registration_refused", peer_pid=peer.pid, peer_uid=peer.uid, reason=reason)
 
     def register_oci(self, peer: PeerCred, state: oci.ContainerProcessState,
-                      fds: list[int], nursery: trio.Nursery) -> None:
+                     fds: list[int], nursery: trio.Nursery) -> None:
         try:
-            if len(fds) != len(state.fds):
-                raise RegistrationRefused(f"state names {len(state.fds)} fds but "
-                                          f"{len(fds)} arrived", errno.EINVAL)
-            share = oci.share_from_metadata(state.metadata)
-            listener_fd = fds.pop(state.seccomp_fd_index)
+            listener_fd, share = oci_listener(state, fds)
             self._register(listener_fd, state.pid, share, peer, "oci", nursery)
             if self.keeper is not None:
                 self.keeper.target_added()  # KeeperClient.sync deposits it
@@ -244,51 +212,12 @@ class Service:
                   convention: str, nursery: trio.Nursery,
                   peer_credentials: Credentials | None = None,
                   expected_share_id: bytes | None = None) -> Target:
-        """Every check of a registration; takes ownership of listener_fd in all cases.
-
-        peer_credentials: for a registration restored from the keeper, whose client is gone.
-        expected_share_id: a re-registration's (after a restart) share id from its first
-        registration: see _pin_expected.
-        """
-        try:
-            if not is_seccomp_listener(listener_fd):
-                raise RegistrationRefused("the fd is not a seccomp listener", errno.EINVAL)
-            for other in self.targets.values():
-                if kcmp_same_file(other.listener.fd, listener_fd):
-                    raise RegistrationRefused("this listener is already registered",
-                                              errno.EEXIST)
-            holder = self._listened_by(target_pid)
-            if holder is not None:
-                raise RegistrationRefused(
-                    f"process {target_pid} already runs under another seccomp notify listener "
-                    f"(fhmon's target {holder.target_id}, registered over {holder.convention}), "
-                    f"and the kernel allows a process only one (EBUSY): this listener cannot "
-                    f"be its", errno.EBUSY)
-            if len(self.targets) >= self.config.max_targets:
-                raise RegistrationRefused("too many targets", errno.EAGAIN)
-            if target_pid <= 0:
-                raise RegistrationRefused("invalid target pid", errno.EINVAL)
-            try:
-                target_status = read_status(target_pid)
-                if peer_credentials is None:
-                    peer_credentials = read_status(peer.pid).credentials
-            except Exception:
-                raise RegistrationRefused(f"process {target_pid} or {peer.pid} not found",
-                                          errno.ESRCH) from None
-            if peer.uid != 0 and target_status.uid != peer.uid:
-                raise RegistrationRefused(f"process {target_pid} does not belong to uid "
-                                          f"{peer.uid}", errno.EPERM)
-            if not target_status.seccomp_filtered:
-                raise RegistrationRefused(f"process {target_pid} runs under no seccomp filter: "
-                                          f"the listener does not belong to it", errno.EPERM)
-            if expected_share_id is None:
-                share = _pin_in(target_pid, share_path, self.config.allow, peer_credentials)
-            else:
-                share = _pin_expected(expected_share_id, (target_pid, peer.pid), share_path,
-                                      self.config.allow, peer_credentials)
-        except BaseException:
-            close_quietly(listener_fd)
-            raise
+        """Register and serve a listener that passes every check (monitor/registration.py);
+        takes ownership of listener_fd in all cases."""
+        share = check_registration(listener_fd, target_pid, share_path, peer,
+                                   self.targets.values(), self.config,
+                                   peer_credentials=peer_credentials,
+                                   expected_share_id=expected_share_id)
         listener = Listener(listener_fd)
         if self.config.sync_wakeup:
             listener.set_sync_wakeup()
@@ -302,20 +231,6 @@ class Service:
                   whole_fs=share.whole_fs)
         nursery.start_soon(self._serve_target, target)
         return target
-
-    def _listened_by(self, pid: int) -> Target | None:
-        """The target whose listener already serves process `pid`, if any. A second
-        NEW_LISTENER in a process under one fails with EBUSY, so another listener named for
-        that process is not its (a runtime wired to fhmon twice, or a confused client).
-        The registered process must be the one that lives under `pid` now: its filter
-        still has a task, and `pid` started before that registration (not a reused pid)."""
-        for other in self.targets.values():
-            if other.pid != pid or other.listener.hung_up():
-                continue
-            started = _process_start_time(pid)
-            if started is not None and started <= other.registered_at + 1.0:  # btime: 1 s
-                return other
-        return None
 
     # --- the keeper (listeners that must outlive this process: monitor/keeper_client.py) ----
     async def restore_from_keeper(self, nursery: trio.Nursery) -> int:
@@ -463,57 +378,3 @@ def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _process_start_time(pid: int) -> float | None:
-    """When process `pid` started (wall clock, to the second of the boot time)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            ticks = int(handle.read().rsplit(b")", 1)[1].split()[19])
-        with open("/proc/stat", "rb") as handle:
-            boot = next(int(line.split()[1]) for line in handle if line.startswith(b"btime"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _pin_in(pid: int, share_path: str, allow: list[str], credentials: Credentials) -> Share:
-    """pin_share in the mount namespace of process pid, as the registering client."""
-    try:
-        root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_CLOEXEC)
-    except OSError as exc:
-        raise RegistrationRefused(f"cannot see process {pid}'s root: {exc.strerror}",
-                                  errno.ESRCH) from None
-    try:
-        with acting_as(credentials):
-            return pin_share(root_fd, share_path, allow, pid)
-    finally:
-        os.close(root_fd)
-
-
-def _pin_expected(expected: bytes, pids: tuple[int, int], share_path: str, allow: list[str],
-                  credentials: Credentials) -> Share:
-    """A re-registration binds to the share of the first registration, whatever the target
-    did to its own mount namespace since (it may have mounted another allowed share, or
-    anything else, over its share path). The share path is resolved in the target's
-    namespace, then, unless that gave the expected share id, in the registering client's,
-    which the target cannot change (pids: target, client; a client pid of 0, a keeper
-    record, has none); a share with another id is refused (ESTALE)."""
-    seen: list[str] = []
-    for pid in pids:
-        if pid <= 0:
-            continue
-        try:
-            share = _pin_in(pid, share_path, allow, credentials)
-        except RegistrationRefused as exc:
-            seen.append(exc.reason)
-            continue
-        if hmac.compare_digest(share.share_id, expected):
-            if pid != pids[0]:
-                log.event("share_pinned_in_client_namespace", logging.WARNING,
-                          share=share.host_path, target_saw="; ".join(seen))
-            return share
-        seen.append(f"host path {share.host_path} is another share")
-        share.close()
-    raise RegistrationRefused(f"share {share_path} is not the share this listener was first "
-                              f"registered with ({'; '.join(seen)})", errno.ESTALE)
