@@ -31,7 +31,8 @@ from prometheus_client.utils import floatToGoString
 
 from monitor import __version__, http
 from monitor.config import Config
-from monitor.metrics import LATENCY_BUCKETS, MAC_INVALID, CallStats
+from monitor.labels import MAC_INVALID
+from monitor.metrics import LATENCY_BUCKETS, CallStats
 from monitor.signing import KeyInfo
 
 

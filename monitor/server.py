@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from monitor import log
+from monitor.audit import audit_middleware
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.config import Config
 from monitor.dataplane import DataPlane, make_data_plane
@@ -30,7 +31,7 @@ from monitor.intake_socket import open_intake_socket
 from monitor.keeper_client import KeeperClient
 from monitor.key_watch import watch_key_dir
 from monitor.listener import Listener
-from monitor.metrics import CallStats, audit_middleware, metrics_middleware
+from monitor.metrics import CallStats, metrics_middleware
 from monitor.policy import RegistrationRefused
 from monitor.proc_status import Credentials
 from monitor.prom import Metrics
@@ -65,7 +66,7 @@ class Service:
         self.started = time.time()
         self.key_error: str | None = None
         self.intake = Intake(config, self)
-        self._dispatch: DataPlane | None = None
+        self._plane: DataPlane | None = None
         self._workers: list[WorkerProcess] = []
 
     # --- keys -------------------------------------------------------------------------
@@ -81,8 +82,8 @@ class Service:
         self.key_error = None
         for worker in self._workers:
             worker.reload_keys()  # each loads the directory itself
-        if self._dispatch is not None:
-            self._dispatch.set_keys(ring)  # the native plane keeps its own (locked) copy
+        if self._plane is not None:
+            self._plane.set_keys(ring)  # the native plane keeps its own (locked) copy
         if changed:
             log.event("keys_reloaded", keys=[f"{k:08x}" for k in ring.key_ids],
                       signer=f"{ring.signer:08x}")
@@ -118,11 +119,11 @@ class Service:
                                            sandbox=self.config.sandbox).items():
                 log.event(event, **fields)
             if not self._workers:
-                self._dispatch = make_data_plane(self.config, self._answer, self.stats,
+                self._plane = make_data_plane(self.config, self._answer, self.stats,
                                                  self.keys)
             async with trio.open_nursery() as nursery:
-                if self._dispatch is not None:
-                    nursery.start_soon(self._run_dispatch_thread, self._dispatch)
+                if self._plane is not None:
+                    nursery.start_soon(self._run_data_plane, self._plane)
                 for worker in self._workers:
                     nursery.start_soon(self._supervise_worker, worker)
                 nursery.start_soon(watch_key_dir, self.config.key_dir, self.reload_keys)
@@ -150,9 +151,9 @@ class Service:
             for worker in self._workers:
                 await worker.stop()
             self._workers.clear()
-            if self._dispatch is not None:
-                self._dispatch.close()
-                self._dispatch = None
+            if self._plane is not None:
+                self._plane.close()
+                self._plane = None
             log.event("shutdown", counters=self.stats.as_dict(),
                       refusals=dict(self.stats.refusals),
                       registrations=dict(self.stats.registrations),
@@ -263,13 +264,14 @@ class Service:
         return restored
 
     # --- one registered listener --------------------------------------------------------
-    async def _run_dispatch_thread(self, dispatch: DataPlane) -> None:
-        """The dispatch thread's lifetime, owned by the service's nursery: on cancellation
-        it is told to stop, and this task ends when the thread has returned."""
+    async def _run_data_plane(self, plane: DataPlane) -> None:
+        """The data plane's lifetime (its run() on a thread), owned by the service's
+        nursery: on cancellation it is told to stop, and this task ends when run() has
+        returned."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_cancel, dispatch.stop)
+            nursery.start_soon(_stop_on_cancel, plane.stop)
             try:
-                await trio.to_thread.run_sync(dispatch.run)  # waits for the thread, always
+                await trio.to_thread.run_sync(plane.run)  # waits for the thread, always
             finally:
                 nursery.cancel_scope.cancel()
 
@@ -312,23 +314,23 @@ class Service:
         if self._workers:
             await self._serve_target_by_workers(target)
             return
-        assert self._dispatch is not None  # serve() made it, since there are no workers
-        await self._serve_target_dispatched(target, self._dispatch)
+        assert self._plane is not None  # serve() made it, since there are no workers
+        await self._serve_target_by_plane(target, self._plane)
 
-    async def _serve_target_dispatched(self, target: Target, dispatch: DataPlane) -> None:
-        """The dispatch thread answers the calls; this task waits for the hang-up."""
+    async def _serve_target_by_plane(self, target: Target, plane: DataPlane) -> None:
+        """The data plane answers the calls; this task waits for the hang-up."""
         gone = trio.Event()
         token = trio.lowlevel.current_trio_token()
 
-        def hung_up() -> None:  # on the dispatch thread
+        def hung_up() -> None:  # on a data plane thread
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(gone.set)
 
-        dispatch.add(target, hung_up)
+        plane.add(target, hung_up)
         try:
             await gone.wait()
         finally:
-            dispatch.remove(target)
+            plane.remove(target)
             self._release(target)
 
     def _release(self, target: Target) -> None:
@@ -353,8 +355,8 @@ class Service:
     def flush_counters(self) -> None:
         """Bring CallStats up to date with every call answered so far (the native plane
         merges its own counts every 0.5 s otherwise)."""
-        if self._dispatch is not None:
-            self._dispatch.flush()
+        if self._plane is not None:
+            self._plane.flush()
 
     def _status_summary(self) -> dict[str, Any]:
         self.flush_counters()

@@ -46,7 +46,7 @@ class Return:
 @dataclass(frozen=True, slots=True)
 class Error:
     """Answer the call with this errno (positive); reason: why fhmon refused, if it did
-    (the audit log's text; monitor/metrics.py gives each a fixed identifier)."""
+    (the audit log's text; monitor/labels.py gives each a fixed identifier)."""
 
     errno: int
     reason: str = ""

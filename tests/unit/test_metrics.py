@@ -91,7 +91,7 @@ def test_the_middleware_counts_answers_errnos_and_calls_whose_caller_went_away()
 
 def test_label_values_come_from_fixed_sets() -> None:
     """Whatever syscall number, errno or reason comes in, the labels stay in their sets."""
-    from monitor.metrics import OTHER, refusal_code
+    from monitor.labels import OTHER, refusal_code
 
     stats = CallStats()
     for nr in range(500):
@@ -113,7 +113,7 @@ def test_every_refusal_reason_in_monitor_has_an_identifier() -> None:
     import ast
     from pathlib import Path
 
-    from monitor.metrics import OTHER, refusal_code
+    from monitor.labels import OTHER, refusal_code
 
     reasons: list[str] = []
     for path in Path(__file__).resolve().parents[2].joinpath("monitor").rglob("*.py"):
