@@ -11,6 +11,7 @@ import errno
 import fcntl
 import os
 import select
+import signal
 import struct
 import threading
 
@@ -20,7 +21,7 @@ from protocol import kernel
 # pthread_sigmask through libc with prebuilt sets: signal.pthread_sigmask converts whole
 # sets to enums and costs ~30 us a call, on every fd injection. PyDLL: it never blocks and
 # returns its error, so neither the GIL hand-off nor errno swapping is needed.
-_SIG_BLOCK, _SIG_SETMASK = 0, 2
+_SIG_BLOCK, _SIG_SETMASK = int(signal.SIG_BLOCK), int(signal.SIG_SETMASK)  # plain ints
 _sigmask = ctypes.PyDLL(None).pthread_sigmask
 _sigmask.restype = ctypes.c_int
 _sigmask.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
