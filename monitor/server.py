@@ -1,4 +1,6 @@
-"""The trio service: the intake socket, one task per registered listener, key reloads.
+"""The trio service, fhmon serve's composition root: it builds the pieces (intake,
+registration checks, data plane or worker processes, keeper client, metrics, key watch)
+and owns their lifetimes; one task per registered listener waits for its hang-up.
 
 All emulation work is synchronous and short; trio multiplexes the intake connections and
 the listeners. One nursery owns everything, so a stop (SIGTERM/SIGINT) cancels every task
@@ -120,7 +122,7 @@ class Service:
                 log.event(event, **fields)
             if not self._workers:
                 self._plane = make_data_plane(self.config, self._answer, self.stats,
-                                                 self.keys)
+                                              self.keys)
             async with trio.open_nursery() as nursery:
                 if self._plane is not None:
                     nursery.start_soon(self._run_data_plane, self._plane)
