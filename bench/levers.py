@@ -262,7 +262,7 @@ def _shipped_memory_rows(pid: int, addr: int, payload: bytes, n: int) -> list[di
                  "name": f"fhmon linux.process_vm_read: unavailable ({exc})", "us": None}]
     return [
         {"group": "read target memory (136 B)", "name": "fhmon linux.process_vm_read (as shipped)",
-         "us": per_op_us(lambda: linux.process_vm_read(pid, addr, 136), n)},
+         "us": per_op_us(lambda: linux.process_vm_read_regions(pid, ((addr, 136),)), n)},
         {"group": "write target memory (136 B)",
          "name": "fhmon linux.process_vm_write (as shipped)",
          "us": per_op_us(lambda: linux.process_vm_write(pid, [(addr, payload)]), n)},

@@ -37,6 +37,7 @@ import threading
 import time
 
 from monitor import fdpass, log
+from monitor.audit import audit_middleware
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.dataplane import (
     DataPlane,
@@ -44,10 +45,10 @@ from monitor.dataplane import (
     NativeDataPlane,
     PythonDataPlane,
 )
-from monitor.handlers.registry import Dispatcher
+from monitor.handlers.registry import HandlerRegistry
 from monitor.hardening import lock_down
 from monitor.listener import Listener, SharedReceiveLock
-from monitor.metrics import CallStats, audit_middleware, metrics_middleware
+from monitor.metrics import CallStats, metrics_middleware
 from monitor.policy import Share
 from monitor.signing import KeyDirError, KeyRing
 from protocol import worker as wire
@@ -63,8 +64,9 @@ class Worker:
         self.receive_lock = receive_lock
         self.keys = keys
         self.stats = CallStats()
-        dispatcher = Dispatcher([metrics_middleware(self.stats), audit_middleware(self.stats)])
-        answer = Answerer(dispatcher, lambda: self.keys, start.signing)
+        handlers = HandlerRegistry([metrics_middleware(self.stats),
+                                    audit_middleware(self.stats)])
+        answer = Answerer(handlers, lambda: self.keys, start.signing)
         self.plane: DataPlane
         if start.data_plane == "native":
             # per target, its own native threads blocked in RECV: a call goes to exactly one

@@ -38,7 +38,7 @@ const RESULTS: usize = MAX_ERRNO + 2;
 pub const BUCKETS: usize = 16;
 const MAX_EVENTS: usize = 4096;
 const PIDFD_CACHE: usize = 1024;
-/// errnos whose refusal with a reason is audited (monitor/metrics.py _POLICY_ERRNOS)
+/// errnos whose refusal with a reason is audited (monitor/audit.py _POLICY_ERRNOS)
 const POLICY_ERRNOS: [i32; 5] = [
     libc::EACCES,
     libc::ESTALE,
@@ -78,7 +78,7 @@ impl Share {
     }
 }
 
-/// A refusal for the audit log, as monitor/metrics.py audit_middleware writes it.
+/// A refusal for the audit log, as monitor/audit.py audit_middleware writes it.
 #[derive(Clone, Debug)]
 pub struct Refused {
     pub syscall: usize,
@@ -123,7 +123,7 @@ struct Target {
 
 /// A thread of the target seen before: its pidfd (which names that thread for as long as
 /// it lives: a live pidfd's TID is the notifying thread's) and its real uid once its
-/// credentials are known to be frozen (monitor/target.py ThreadCache).
+/// credentials are known to be frozen (monitor/thread_cache.py ThreadCache).
 struct ThreadEntry {
     tid: u32,
     pidfd: OwnedFd,
@@ -493,7 +493,7 @@ fn getfd_error(target: &Target, n: &Notification, e: Errno) -> Outcome {
 }
 
 /// Out of fds or memory in fhmon (EMFILE, ENFILE, ENOMEM): the kernel's own answer in that
-/// state, as the reference's RESOURCE_ERRNOS (monitor/target.py).
+/// state, as the reference's RESOURCE_ERRNOS (monitor/target_thread.py).
 fn is_resource_errno(e: Errno) -> bool {
     matches!(e, libc::EMFILE | libc::ENFILE | libc::ENOMEM)
 }

@@ -184,7 +184,7 @@ def test_the_keeper_restarts_a_call_a_dead_fhmon_received(world: World) -> None:
         poll = select.poll()
         poll.register(listener, select.POLLIN)
         assert poll.poll(10_000), "the call never arrived"
-        stuck = Listener(listener).receive()  # received, never answered: as if fhmon died
+        stuck = Listener(listener).receive_ready()  # received, never answered: as if fhmon died
         assert stuck is not None
         os.close(listener)
         assert not select.select([out_r], [], [], 0.5)[0], "answered without anyone"

@@ -245,7 +245,7 @@ USERNS_TITLE = "A target in its own user namespace gets fhmon's CAP_DAC_READ_SEA
 USERNS_FIX = (
     "count a target's capabilities only when its user namespace is the initial one (compare "
     "/proc/TID/ns/user with fhmon's own), else act with no capabilities; same for the "
-    "registering client's credentials in pin_share. In monitor/target.py read_status / "
+    "registering client's credentials in pin_share. In monitor/proc_status.py read_status / "
     "monitor/credentials.py.")
 
 

@@ -94,7 +94,7 @@ def test_a_full_cache_takes_no_new_entry_and_never_sweeps_on_put(
     import threading
 
     from monitor import linux
-    from monitor.target import ThreadCache
+    from monitor.thread_cache import ThreadCache
     from protocol import kernel
 
     first_end, rest_end = threading.Event(), threading.Event()
