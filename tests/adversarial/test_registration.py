@@ -428,7 +428,8 @@ USERNS_CLIENT_BUG = (
 USERNS_CLIENT_TITLE = "A client in its own user namespace registers a share it cannot read"
 USERNS_CLIENT_FIX = (
     "ignore the peer's capabilities unless its user namespace is fhmon's own (compare "
-    "/proc/PID/ns/user), in monitor/registration.py check_registration / monitor/proc_status.py read_status.")
+    "/proc/PID/ns/user), in monitor/registration.py check_registration / "
+    "monitor/proc_status.py read_status.")
 
 
 @pytest.mark.finding(USERNS_CLIENT_TITLE, USERNS_CLIENT_FIX)
