@@ -43,8 +43,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import NOBODY, Agent, Service, World, _build_world
-from tests.handles import N2HResult
+from tests.support import NOBODY, Agent, Service, World, build_world
+from tests.support.handles import N2HResult
 
 ATTACKERS = ("storm", "long_paths", "symlinks", "lease")
 TARGETS = {"storm": 3.0, "long_paths": 3.0, "symlinks": 3.0, "lease": 2.0}
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"reps": args.reps, "calls": args.calls, "variants": variants,
                               "loadavg_before": os.getloadavg(), "planes": {}}
     try:
-        world = _build_world(base)
+        world = build_world(base)
         links = build_links(world)
         with lease_break_time(600):
             for plane in args.planes.split(","):

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.adversarial.test_http import Attacker, free_port
-from tests.conftest import Agent, Service, _build_world
+from tests.support import Agent, Service, build_world
+from tests.support.http_attack import Attacker, free_port
 
 
 def latency(agent: Agent, calls: int) -> tuple[float, float]:
@@ -62,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="fhmon-bench-http-", dir="/tmp"))
     try:
-        world = _build_world(base)
+        world = build_world(base)
         port = free_port()
         service = Service(base, [str(world.shares / "*")], name="bench-http",
                           extra=["--metrics-address", f"127.0.0.1:{port}"])

@@ -262,7 +262,7 @@ def _shipped_memory_rows(pid: int, addr: int, payload: bytes, n: int) -> list[di
                  "name": f"fhmon linux.process_vm_read: unavailable ({exc})", "us": None}]
     return [
         {"group": "read target memory (136 B)", "name": "fhmon linux.process_vm_read (as shipped)",
-         "us": per_op_us(lambda: linux.process_vm_read(pid, addr, 136), n)},
+         "us": per_op_us(lambda: linux.process_vm_read_regions(pid, ((addr, 136),)), n)},
         {"group": "write target memory (136 B)",
          "name": "fhmon linux.process_vm_write (as shipped)",
          "us": per_op_us(lambda: linux.process_vm_write(pid, [(addr, payload)]), n)},
@@ -463,8 +463,17 @@ def signing_costs(n: int) -> dict[str, float]:
     share = os.urandom(32)
     kernel_handle = os.urandom(8)
     signed = ring.sign(share, 1, kernel_handle)
-    return {"sign_us": per_op_us(lambda: ring.sign(share, 1, kernel_handle), n),
-            "verify_us": per_op_us(lambda: ring.verify(share, 1, signed), n)}
+    costs = {"sign_us": per_op_us(lambda: ring.sign(share, 1, kernel_handle), n),
+             "verify_us": per_op_us(lambda: ring.verify(share, 1, signed), n)}
+    try:  # what the native data plane pays per call: no Python call per operation
+        from monitor import _native
+
+        native_ring = _native.KeyRing({1: os.urandom(32)}, 1)
+        runs = sorted(native_ring.cost(max(n, 10000)) for _ in range(5))
+        costs["native_sign_us"], costs["native_verify_us"] = runs[2]  # the median run
+    except ImportError:
+        pass
+    return costs
 
 
 # --- the floor: a do-nothing monitor -------------------------------------------------------

@@ -105,6 +105,11 @@ def verdicts(report: dict[str, Any]) -> list[dict[str, Any]]:
         total = sig["sign_us"] + sig["verify_us"]
         row("signing + verifying one handle (in-process)", "<= 2 us",
             f"{sig['sign_us']:.2f} + {sig['verify_us']:.2f} = {total:.2f} us", total <= 2)
+        if "native_sign_us" in sig:
+            native_total = sig["native_sign_us"] + sig["native_verify_us"]
+            row("sign + verify one handle in the native data plane (issue 16)", "<= 1 us",
+                f"{sig['native_sign_us']:.2f} + {sig['native_verify_us']:.2f} = "
+                f"{native_total:.2f} us", native_total <= 1)
     one = [r for r in res if r["config"] == "fhmon" and r["threads"] == 1
            and r["targets"] == 1]
     if one:
@@ -171,6 +176,9 @@ def print_table(report: dict[str, Any]) -> None:
     if sig:
         print(f"signing alone: sign {sig['sign_us']:.2f} us/handle, verify "
               f"{sig['verify_us']:.2f} us/handle")
+        if "native_sign_us" in sig:
+            print(f"signing in the native plane: sign {sig['native_sign_us']:.2f} us/handle, "
+                  f"verify {sig['native_verify_us']:.2f} us/handle")
 
 
 def print_verdicts(report: dict[str, Any]) -> None:
@@ -214,6 +222,10 @@ def markdown(report: dict[str, Any], plot_name: str | None) -> str:
     if sig:
         lines += ["", f"Signing alone (fhmon's KeyRing, in-process): sign "
                   f"{sig['sign_us']:.2f} us, verify {sig['verify_us']:.2f} us per handle."]
+        if "native_sign_us" in sig:
+            lines[-1] += (f" In the native data plane (no Python call per operation): sign "
+                          f"{sig['native_sign_us']:.2f} us, verify "
+                          f"{sig['native_verify_us']:.2f} us.")
     if report.get("configs"):
         lines += ["", "Configurations: " + "; ".join(
             f"`{name}` = {', '.join(f'{k} = {v}' for k, v in s.items()) or 'defaults'}"

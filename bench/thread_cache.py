@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Agent, Service, _build_world
+from tests.support import Agent, Service, build_world
 
 
 def latency(agent: Agent, calls: int) -> tuple[float, float]:
@@ -43,7 +43,7 @@ def main() -> None:
     solo: list[tuple[float, float]] = []
     crowded: list[tuple[float, float]] = []
     try:
-        world = _build_world(base)
+        world = build_world(base)
         service = Service(base, [str(world.shares / "*")], name="bench-threads")
         neighbour = Agent(world, "fhmon", world.main, service.socket)
         crowd = Agent(world, "fhmon", world.main, service.socket)

@@ -42,8 +42,6 @@ class Config:
     state_dir: str = ""
     keeper_socket: str = ""
     drop_capabilities: bool = True
-    recv_thread: bool = False
-    dispatch_thread: bool = True
     workers: int = 0
     sandbox: bool = False
     # who answers the calls: "native" (the Rust plane, monitor/dataplane.py) or "python"
@@ -145,10 +143,25 @@ def parse_group(key: str, value: Any) -> int:
     return _parse_id(key, value, "group", lambda name: grp.getgrnam(name).gr_gid)
 
 
+# Answering modes that lost their measurements (docs/performance.md): refused, not ignored,
+# so that a config written for one does not silently run another.
+RETIRED_KEYS = {
+    "recv_thread": "a thread per listener asleep in RECV gained nothing at one caller and, "
+                   "contending for the GIL, cost 126.8 vs 35.1 us of CPU per call at 8 "
+                   "targets",
+    "dispatch_thread": "answering from trio's event loop (dispatch_thread = false) cost "
+                       "49.8 vs 34.3 us of CPU per name_to_handle_at, 68.2 vs 47.1 per "
+                       "open_by_handle_at; the data plane (data_plane, workers) answers",
+}
+
+
 def apply(config: Config, values: dict[str, Any], source: str) -> Config:
     """Validate `values` (from TOML or flags) and set them on config."""
     known = {f.name for f in dataclasses.fields(Config)}
     for key, value in values.items():
+        if key in RETIRED_KEYS:
+            raise ConfigError(f"{source}: config key {key!r} was retired: {RETIRED_KEYS[key]}; "
+                              f"remove it (docs/performance.md, \"Retired answering modes\")")
         if key not in known:
             raise ConfigError(f"{source}: unknown config key {key!r}; known keys: "
                               f"{', '.join(sorted(known))}")
@@ -216,8 +229,7 @@ def _validate(key: str, value: Any) -> Any:
             if number < 1:
                 raise ConfigError(f"config key {key!r}: must be at least 1")
             return number
-        case ("sync_wakeup" | "signing" | "drop_capabilities" | "recv_thread"
-              | "dispatch_thread" | "sandbox"):
+        case "sync_wakeup" | "signing" | "drop_capabilities" | "sandbox":
             return _expect(key, value, bool)
     raise ConfigError(f"unknown config key {key!r}")
 

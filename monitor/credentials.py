@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from monitor import linux
-from monitor.target import Credentials
+from monitor.proc_status import Credentials
 from protocol import kernel
 
 # Capabilities that opening a given directory or regular file never consults: holding them

@@ -2,7 +2,7 @@
 
 One interface, two implementations, chosen by the `data_plane` config key:
 
-- `python`: monitor.dispatch_thread.DispatchThread, one thread answering every target
+- `python`: monitor.answer_loop.PythonAnswerLoop, one thread answering every target
   through monitor/handlers (the readable reference);
 - `native` (the default): the Rust plane (native/src/plane.rs, monitor._native.Plane): per target,
   `data_plane_threads` native threads blocked in RECV, none holding the GIL, so that a
@@ -26,8 +26,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from monitor import log
-from monitor.dispatch_thread import DispatchThread
-from monitor.metrics import LATENCY_BUCKETS, CallStats, refusal_code
+from monitor.answer_loop import PythonAnswerLoop
+from monitor.labels import refusal_code
+from monitor.metrics import LATENCY_BUCKETS, CallStats
 from protocol import kernel
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class DataPlane(Protocol):
         and the audit log now (status and scrapes call it, so that they see every answer)."""
 
 
-class PythonDataPlane(DispatchThread):
+class PythonDataPlane(PythonAnswerLoop):
     """Today's path: the dispatch thread (the Answerer reads the current keys per call)."""
 
     def set_keys(self, keys: KeyRing) -> None:

@@ -108,12 +108,6 @@ def pidfd_getfd(pidfd: int, targetfd: int) -> int:
     return _check(_syscall(kernel.SYS_PIDFD_GETFD, pidfd, targetfd, 0))
 
 
-def process_vm_read(pid: int, addr: int, length: int) -> bytes:
-    """Read [addr, addr+length) of a process: the readable prefix, page-exact (a fault at the
-    first page gives b"")."""
-    return process_vm_read_regions(pid, ((addr, length),))
-
-
 def process_vm_read_regions(pid: int, regions: Sequence[tuple[int, int]]) -> bytes:
     """Read several (addr, length) regions in one call, concatenated: the readable prefix,
     which stops (page-exact) at the first page that cannot be read."""

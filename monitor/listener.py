@@ -11,29 +11,22 @@ import errno
 import fcntl
 import os
 import select
+import signal
 import struct
 import threading
 
 from monitor import linux
 from protocol import kernel
 
-_libc = ctypes.CDLL(None, use_errno=True)
 # pthread_sigmask through libc with prebuilt sets: signal.pthread_sigmask converts whole
 # sets to enums and costs ~30 us a call, on every fd injection. PyDLL: it never blocks and
 # returns its error, so neither the GIL hand-off nor errno swapping is needed.
-_SIG_BLOCK, _SIG_SETMASK = 0, 2
+_SIG_BLOCK, _SIG_SETMASK = int(signal.SIG_BLOCK), int(signal.SIG_SETMASK)  # plain ints
 _sigmask = ctypes.PyDLL(None).pthread_sigmask
 _sigmask.restype = ctypes.c_int
 _sigmask.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _FULL_SET = ctypes.create_string_buffer(b"\xff" * 128, 128)  # sigset_t: 1024 bits
 _SAVED = threading.local()  # each answering thread saves its own mask
-
-
-# RECV through libc: a signal makes it return EINTR instead of being retried (fcntl.ioctl
-# retries), which is how a thread asleep in it is woken to stop.
-_ioctl = _libc.ioctl
-_ioctl.restype = ctypes.c_int
-_ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
 
 
 def mark_signals_blocked() -> None:
@@ -89,22 +82,6 @@ class Listener:
                 return None
             raise
         return kernel.Notification.parse(buf)
-
-    def receive(self) -> kernel.Notification | None:
-        """RECV: the next call, or None if it went away first (the caller died) or a signal
-        interrupted the wait.
-
-        It sleeps in the kernel until a call arrives: the trio loop calls it only once the
-        fd is readable; a recv_thread worker sleeps here, which gets the kernel's same-CPU
-        wake-up hint (SYNC_WAKE_UP) that an epoll wait loses. ctypes releases the GIL.
-        """
-        buf = ctypes.create_string_buffer(kernel.SECCOMP_NOTIF_SIZE)
-        if _ioctl(self.fd, kernel.SECCOMP_IOCTL_NOTIF_RECV, buf) < 0:
-            err = ctypes.get_errno()
-            if err in (errno.EINTR, errno.ENOENT):
-                return None
-            raise OSError(err, os.strerror(err))
-        return kernel.Notification.parse(buf.raw)
 
     def id_valid(self, notif_id: int) -> bool:
         try:

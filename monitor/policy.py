@@ -22,7 +22,7 @@ import stat
 from dataclasses import dataclass, field
 
 from monitor import linux, signing
-from monitor.target import SyscallError
+from monitor.target_thread import SyscallError
 from protocol import kernel
 
 
@@ -316,8 +316,10 @@ _UNVERIFIABLE_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOENT, errno.EMFILE
 # generic exportfs layouts (include/linux/exportfs.h): type of a file-with-parent handle ->
 # (type of the parent's own handle, where its bytes are in the file's handle)
 _PARENT_LAYOUTS: dict[int, tuple[int, slice]] = {
-    2: (1, slice(8, 16)),  # FILEID_INO32_GEN_PARENT: ino, gen, parent ino, parent gen
-    0x82: (0x81, slice(12, 24)),  # xfs's 64-bit: ino64, gen, parent ino64, parent gen
+    # ino, gen, parent ino, parent gen
+    kernel.FILEID_INO32_GEN_PARENT: (kernel.FILEID_INO32_GEN, slice(8, 16)),
+    # xfs's 64-bit: ino64, gen, parent ino64, parent gen
+    kernel.FILEID_INO64_GEN_PARENT: (kernel.FILEID_INO64_GEN, slice(12, 24)),
 }
 
 
@@ -325,7 +327,7 @@ def _parent_dir(share: Share, obj_fd: int) -> int | None:
     """An O_PATH fd of the directory a non-directory's dentry hangs from, or None."""
     try:
         handle_type, f_handle, _ = linux.name_to_handle_at(
-            -100, f"/proc/self/fd/{obj_fd}".encode(),
+            kernel.AT_FDCWD, f"/proc/self/fd/{obj_fd}".encode(),
             kernel.AT_HANDLE_CONNECTABLE | kernel.AT_SYMLINK_FOLLOW)
     except OSError:
         return None  # no connectable handles here, or a disconnected dentry

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sized
+from typing import Protocol
 
 import trio
 from prometheus_client import (
@@ -30,10 +30,46 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
 from monitor import __version__, http
-from monitor.metrics import LATENCY_BUCKETS, MAC_INVALID, CallStats
+from monitor.config import Config
+from monitor.labels import MAC_INVALID
+from monitor.metrics import LATENCY_BUCKETS, CallStats
+from monitor.signing import KeyInfo
 
-if TYPE_CHECKING:
-    from monitor.server import Service
+
+class KeysSource(Protocol):
+    @property
+    def key_ids(self) -> Sized: ...
+
+    def describe(self) -> list[KeyInfo]: ...
+
+
+class MetricsSource(Protocol):
+    """What the metrics read from fhmon serve (monitor/server.py's Service), at scrape
+    time: a Protocol, so that this module does not import the server that builds it."""
+
+    @property
+    def stats(self) -> CallStats: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def targets(self) -> Sized: ...
+
+    @property
+    def keys(self) -> KeysSource: ...
+
+    @property
+    def key_error(self) -> str | None: ...
+
+    @property
+    def accepting(self) -> bool: ...
+
+    def intake_full(self) -> bool: ...
+
+    def worker_ended(self) -> bool: ...
+
+    def flush_counters(self) -> None: ...
 
 # No *_created series: they double every counter's series and mean nothing to an operator
 # (fhmon_registrations_created was one). Process-wide, and fhmon has one registry.
@@ -43,7 +79,7 @@ _LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]  # type: ignore[n
 
 
 class Metrics:
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: MetricsSource) -> None:
         self.service = service
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -101,7 +137,7 @@ class Metrics:
             return "intake not accepting (starting or stopping)"
         if service.intake_full():
             return "intake at its connection cap"
-        if any(w.process.returncode is not None for w in service._workers):
+        if service.worker_ended():
             return "a worker process ended"
         return None
 
@@ -110,7 +146,7 @@ class _InfoCollector:
     """fhmon_build_info{version} and fhmon_key_info{key_id, signer}: an operator compares
     them across nodes (every node must hold the same key ids, and sign with the same)."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: MetricsSource) -> None:
         self._service = service
 
     def describe(self) -> list[Metric]:

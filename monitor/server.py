@@ -1,4 +1,6 @@
-"""The trio service: the intake socket, one task per registered listener, key reloads.
+"""The trio service, fhmon serve's composition root: it builds the pieces (intake,
+registration checks, data plane or worker processes, keeper client, metrics, key watch)
+and owns their lifetimes; one task per registered listener waits for its hang-up.
 
 All emulation work is synchronous and short; trio multiplexes the intake connections and
 the listeners. One nursery owns everything, so a stop (SIGTERM/SIGINT) cancels every task
@@ -8,15 +10,11 @@ and the finally blocks close every fd.
 from __future__ import annotations
 
 import contextlib
-import errno
-import hmac
 import itertools
 import json
 import logging
 import os
 import resource
-import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,29 +22,28 @@ from typing import Any
 import trio
 
 from monitor import log
+from monitor.audit import audit_middleware
 from monitor.calls import Answerer, PeerCred, Target
 from monitor.config import Config
-from monitor.credentials import acting_as
 from monitor.dataplane import DataPlane, make_data_plane
-from monitor.fdpass import close_quietly
-from monitor.handlers.registry import Dispatcher
+from monitor.handlers.registry import HandlerRegistry
 from monitor.hardening import lock_down
 from monitor.intake import Intake
 from monitor.intake_socket import open_intake_socket
 from monitor.keeper_client import KeeperClient
-from monitor.linux import kcmp_same_file
-from monitor.listener import Listener, is_seccomp_listener
-from monitor.metrics import CallStats, audit_middleware, metrics_middleware
-from monitor.policy import RegistrationRefused, Share, pin_share
+from monitor.key_watch import watch_key_dir
+from monitor.listener import Listener
+from monitor.metrics import CallStats, metrics_middleware
+from monitor.policy import RegistrationRefused
+from monitor.proc_status import Credentials
 from monitor.prom import Metrics
+from monitor.registration import check_registration, hello_listener, oci_listener
 from monitor.signing import KeyDirError, KeyRing
 from monitor.stuck_calls import restart_stuck_calls_of
-from monitor.target import Credentials, read_status
-from monitor.worker import WorkerProcess, WorkerStartError
+from monitor.worker_supervisor import WorkerProcess, WorkerStartError
 from protocol import native, oci
 from protocol import worker as worker_wire
 
-_WAKE = signal.SIGUSR1  # interrupts a worker thread's RECV
 WORKER_START_TIMEOUT = 30.0  # seconds for every worker to load its keys and lock down
 
 
@@ -65,13 +62,13 @@ class Service:
         self.keeper = (KeeperClient(config.keeper_socket, self.metrics,
                                     lambda: self.targets.values())
                        if config.keeper_socket else None)
-        self.dispatcher = Dispatcher([metrics_middleware(self.stats),
-                                      audit_middleware(self.stats)])
-        self._answer = Answerer(self.dispatcher, lambda: self.keys, config.signing)
+        self.handlers = HandlerRegistry([metrics_middleware(self.stats),
+                                         audit_middleware(self.stats)])
+        self._answer = Answerer(self.handlers, lambda: self.keys, config.signing)
         self.started = time.time()
         self.key_error: str | None = None
         self.intake = Intake(config, self)
-        self._dispatch: DataPlane | None = None
+        self._plane: DataPlane | None = None
         self._workers: list[WorkerProcess] = []
 
     # --- keys -------------------------------------------------------------------------
@@ -87,22 +84,12 @@ class Service:
         self.key_error = None
         for worker in self._workers:
             worker.reload_keys()  # each loads the directory itself
-        if self._dispatch is not None:
-            self._dispatch.set_keys(ring)  # the native plane keeps its own (locked) copy
+        if self._plane is not None:
+            self._plane.set_keys(ring)  # the native plane keeps its own (locked) copy
         if changed:
             log.event("keys_reloaded", keys=[f"{k:08x}" for k in ring.key_ids],
                       signer=f"{ring.signer:08x}")
         return True
-
-    async def watch_keys(self, interval: float = 1.0) -> None:
-        """Reload when the key dir changes (Secret updates swap a symlink: watch mtimes)."""
-        last = self._key_dir_fingerprint()
-        while True:
-            await trio.sleep(interval)
-            now = self._key_dir_fingerprint()
-            if now != last:
-                last = now
-                self.reload_keys()
 
     async def sweep_threads(self, interval: float = 1.0) -> None:
         """Close the cached pidfds of target threads that exited (fd count back to base)."""
@@ -111,20 +98,8 @@ class Service:
             for target in list(self.targets.values()):
                 target.threads.sweep()
 
-    def _key_dir_fingerprint(self) -> tuple[Any, ...]:
-        try:
-            entries = []
-            for name in sorted(os.listdir(self.config.key_dir)):
-                st = os.stat(os.path.join(self.config.key_dir, name))
-                entries.append((name, st.st_ino, st.st_mtime_ns, st.st_size))
-            return tuple(entries)
-        except OSError:
-            return ()
-
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         _raise_fd_limit()
-        if self.config.recv_thread:
-            signal.signal(_WAKE, lambda *_: None)  # interrupt RECV without killing us
         intake_socket = open_intake_socket(self.config)
         try:
             # Before the sandbox: it allows no execve.
@@ -145,16 +120,15 @@ class Service:
             for event, fields in lock_down(drop_caps=self.config.drop_capabilities,
                                            sandbox=self.config.sandbox).items():
                 log.event(event, **fields)
-            if (self.config.dispatch_thread and not self.config.recv_thread
-                    and not self._workers):
-                self._dispatch = make_data_plane(self.config, self._answer, self.stats,
-                                                 self.keys)
+            if not self._workers:
+                self._plane = make_data_plane(self.config, self._answer, self.stats,
+                                              self.keys)
             async with trio.open_nursery() as nursery:
-                if self._dispatch is not None:
-                    nursery.start_soon(self._run_dispatch_thread, self._dispatch)
+                if self._plane is not None:
+                    nursery.start_soon(self._run_data_plane, self._plane)
                 for worker in self._workers:
                     nursery.start_soon(self._supervise_worker, worker)
-                nursery.start_soon(self.watch_keys)
+                nursery.start_soon(watch_key_dir, self.config.key_dir, self.reload_keys)
                 nursery.start_soon(self.sweep_threads)
                 if self.config.metrics_address:
                     from monitor.prom import serve_http
@@ -179,9 +153,9 @@ class Service:
             for worker in self._workers:
                 await worker.stop()
             self._workers.clear()
-            if self._dispatch is not None:
-                self._dispatch.close()
-                self._dispatch = None
+            if self._plane is not None:
+                self._plane.close()
+                self._plane = None
             log.event("shutdown", counters=self.stats.as_dict(),
                       refusals=dict(self.stats.refusals),
                       registrations=dict(self.stats.registrations),
@@ -195,6 +169,10 @@ class Service:
     def intake_full(self) -> bool:
         return self.intake.admission.full()
 
+    def worker_ended(self) -> bool:
+        """Whether a worker process ended (the service then stops: _supervise_worker)."""
+        return any(w.process.returncode is not None for w in self._workers)
+
     def count_registration(self, outcome: str) -> None:
         self.stats.registrations[outcome] += 1
 
@@ -202,17 +180,8 @@ class Service:
                         nursery: trio.Nursery) -> native.Accept | native.Refuse:
         """A HELLO and the fds that came with it (all of them ours to keep or close)."""
         try:
-            if len(fds) != 1:
-                for fd in fds:
-                    close_quietly(fd)
-                raise RegistrationRefused(
-                    f"HELLO must carry exactly one fd (the listener), got {len(fds)}",
-                    errno.EINVAL)
-            if hello.flags & ~native.HELLO_KNOWN_FLAGS:
-                close_quietly(fds[0])
-                raise RegistrationRefused(f"unknown HELLO flags {hello.flags:#x}", errno.EINVAL)
-            target = self._register(fds[0], hello.target_pid, hello.share, peer, "native",
-                                    nursery, expected_share_id=hello.share_id)
+            target = self._register(hello_listener(hello, fds), hello.target_pid, hello.share,
+                                    peer, "native", nursery, expected_share_id=hello.share_id)
         except RegistrationRefused as exc:
             self._refused(peer, exc.reason)
             return native.Refuse(exc.errno, exc.reason)
@@ -231,13 +200,9 @@ class Service:
         log.audit("registration_refused", peer_pid=peer.pid, peer_uid=peer.uid, reason=reason)
 
     def register_oci(self, peer: PeerCred, state: oci.ContainerProcessState,
-                      fds: list[int], nursery: trio.Nursery) -> None:
+                     fds: list[int], nursery: trio.Nursery) -> None:
         try:
-            if len(fds) != len(state.fds):
-                raise RegistrationRefused(f"state names {len(state.fds)} fds but "
-                                          f"{len(fds)} arrived", errno.EINVAL)
-            share = oci.share_from_metadata(state.metadata)
-            listener_fd = fds.pop(state.seccomp_fd_index)
+            listener_fd, share = oci_listener(state, fds)
             self._register(listener_fd, state.pid, share, peer, "oci", nursery)
             if self.keeper is not None:
                 self.keeper.target_added()  # KeeperClient.sync deposits it
@@ -250,51 +215,12 @@ class Service:
                   convention: str, nursery: trio.Nursery,
                   peer_credentials: Credentials | None = None,
                   expected_share_id: bytes | None = None) -> Target:
-        """Every check of a registration; takes ownership of listener_fd in all cases.
-
-        peer_credentials: for a registration restored from the keeper, whose client is gone.
-        expected_share_id: a re-registration's (after a restart) share id from its first
-        registration: see _pin_expected.
-        """
-        try:
-            if not is_seccomp_listener(listener_fd):
-                raise RegistrationRefused("the fd is not a seccomp listener", errno.EINVAL)
-            for other in self.targets.values():
-                if kcmp_same_file(other.listener.fd, listener_fd):
-                    raise RegistrationRefused("this listener is already registered",
-                                              errno.EEXIST)
-            holder = self._listened_by(target_pid)
-            if holder is not None:
-                raise RegistrationRefused(
-                    f"process {target_pid} already runs under another seccomp notify listener "
-                    f"(fhmon's target {holder.target_id}, registered over {holder.convention}), "
-                    f"and the kernel allows a process only one (EBUSY): this listener cannot "
-                    f"be its", errno.EBUSY)
-            if len(self.targets) >= self.config.max_targets:
-                raise RegistrationRefused("too many targets", errno.EAGAIN)
-            if target_pid <= 0:
-                raise RegistrationRefused("invalid target pid", errno.EINVAL)
-            try:
-                target_status = read_status(target_pid)
-                if peer_credentials is None:
-                    peer_credentials = read_status(peer.pid).credentials
-            except Exception:
-                raise RegistrationRefused(f"process {target_pid} or {peer.pid} not found",
-                                          errno.ESRCH) from None
-            if peer.uid != 0 and target_status.uid != peer.uid:
-                raise RegistrationRefused(f"process {target_pid} does not belong to uid "
-                                          f"{peer.uid}", errno.EPERM)
-            if not target_status.seccomp_filtered:
-                raise RegistrationRefused(f"process {target_pid} runs under no seccomp filter: "
-                                          f"the listener does not belong to it", errno.EPERM)
-            if expected_share_id is None:
-                share = _pin_in(target_pid, share_path, self.config.allow, peer_credentials)
-            else:
-                share = _pin_expected(expected_share_id, (target_pid, peer.pid), share_path,
-                                      self.config.allow, peer_credentials)
-        except BaseException:
-            close_quietly(listener_fd)
-            raise
+        """Register and serve a listener that passes every check (monitor/registration.py);
+        takes ownership of listener_fd in all cases."""
+        share = check_registration(listener_fd, target_pid, share_path, peer,
+                                   self.targets.values(), self.config,
+                                   peer_credentials=peer_credentials,
+                                   expected_share_id=expected_share_id)
         listener = Listener(listener_fd)
         if self.config.sync_wakeup:
             listener.set_sync_wakeup()
@@ -308,20 +234,6 @@ class Service:
                   whole_fs=share.whole_fs)
         nursery.start_soon(self._serve_target, target)
         return target
-
-    def _listened_by(self, pid: int) -> Target | None:
-        """The target whose listener already serves process `pid`, if any. A second
-        NEW_LISTENER in a process under one fails with EBUSY, so another listener named for
-        that process is not its (a runtime wired to fhmon twice, or a confused client).
-        The registered process must be the one that lives under `pid` now: its filter
-        still has a task, and `pid` started before that registration (not a reused pid)."""
-        for other in self.targets.values():
-            if other.pid != pid or other.listener.hung_up():
-                continue
-            started = _process_start_time(pid)
-            if started is not None and started <= other.registered_at + 1.0:  # btime: 1 s
-                return other
-        return None
 
     # --- the keeper (listeners that must outlive this process: monitor/keeper_client.py) ----
     async def restore_from_keeper(self, nursery: trio.Nursery) -> int:
@@ -354,13 +266,14 @@ class Service:
         return restored
 
     # --- one registered listener --------------------------------------------------------
-    async def _run_dispatch_thread(self, dispatch: DataPlane) -> None:
-        """The dispatch thread's lifetime, owned by the service's nursery: on cancellation
-        it is told to stop, and this task ends when the thread has returned."""
+    async def _run_data_plane(self, plane: DataPlane) -> None:
+        """The data plane's lifetime (its run() on a thread), owned by the service's
+        nursery: on cancellation it is told to stop, and this task ends when run() has
+        returned."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_cancel, dispatch.stop)
+            nursery.start_soon(_stop_on_cancel, plane.stop)
             try:
-                await trio.to_thread.run_sync(dispatch.run)  # waits for the thread, always
+                await trio.to_thread.run_sync(plane.run)  # waits for the thread, always
             finally:
                 nursery.cancel_scope.cancel()
 
@@ -368,7 +281,7 @@ class Service:
     def _worker_start(self) -> worker_wire.Start:
         c = self.config
         return worker_wire.Start(c.key_dir, c.signing, c.log_level, c.drop_capabilities,
-                                 c.sandbox)
+                                 c.sandbox, c.data_plane, c.data_plane_threads)
 
     async def _supervise_worker(self, worker: WorkerProcess) -> None:
         """A worker must live as long as the service: if one ends, the service stops (its
@@ -399,44 +312,27 @@ class Service:
             self._release(target)
 
     async def _serve_target(self, target: Target) -> None:
+        """The data plane answers the target's calls, or the worker processes do."""
         if self._workers:
             await self._serve_target_by_workers(target)
             return
-        if self.config.recv_thread:
-            await self._serve_target_in_thread(target)
-            return
-        if self._dispatch is not None:
-            await self._serve_target_dispatched(target, self._dispatch)
-            return
-        listener = target.listener
-        try:
-            while True:
-                await trio.lowlevel.wait_readable(listener.fd)
-                ready = listener.poll()
-                if ready is None:
-                    break
-                if not ready:
-                    continue
-                notif = listener.receive_ready()
-                if notif is not None:  # None: the caller went away between poll and recv
-                    self._answer(target, notif)
-        finally:
-            self._release(target)
+        assert self._plane is not None  # serve() made it, since there are no workers
+        await self._serve_target_by_plane(target, self._plane)
 
-    async def _serve_target_dispatched(self, target: Target, dispatch: DataPlane) -> None:
-        """The dispatch thread answers the calls; this task waits for the hang-up."""
+    async def _serve_target_by_plane(self, target: Target, plane: DataPlane) -> None:
+        """The data plane answers the calls; this task waits for the hang-up."""
         gone = trio.Event()
         token = trio.lowlevel.current_trio_token()
 
-        def hung_up() -> None:  # on the dispatch thread
+        def hung_up() -> None:  # on a data plane thread
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(gone.set)
 
-        dispatch.add(target, hung_up)
+        plane.add(target, hung_up)
         try:
             await gone.wait()
         finally:
-            dispatch.remove(target)
+            plane.remove(target)
             self._release(target)
 
     def _release(self, target: Target) -> None:
@@ -446,40 +342,6 @@ class Service:
             self.keeper.forget(target.target_id)
         target.close()
         log.event("target_gone", target=target.target_id, pid=target.pid, calls=target.calls)
-
-    async def _serve_target_in_thread(self, target: Target) -> None:
-        """One OS thread per listener, asleep in RECV (the kernel's same-CPU wake-up hint
-        reaches it; an epoll wait loses it), answering each call itself. trio only watches
-        for POLLHUP and for a stop, and then wakes the thread with SIGUSR1 (RECV returns
-        EINTR; the ioctl is made through ctypes, which does not retry)."""
-        listener = target.listener
-        stop = threading.Event()
-
-        def work() -> None:
-            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - {_WAKE})
-            while not stop.is_set():
-                try:
-                    notif = listener.receive()
-                except OSError:
-                    log.event("recv_failed", logging.ERROR, target=target.target_id,
-                              exc_info=True)
-                    return
-                if notif is not None:
-                    self._answer(target, notif)
-
-        worker = threading.Thread(target=work, name=f"fhmon-target-{target.target_id}",
-                                  daemon=True)
-        worker.start()
-        try:
-            while worker.is_alive() and not listener.hung_up():
-                await trio.sleep(0.25)
-        finally:
-            stop.set()
-            while worker.is_alive():
-                if worker.ident is not None:
-                    signal.pthread_kill(worker.ident, _WAKE)
-                worker.join(0.05)
-            self._release(target)
 
     def status(self) -> dict[str, Any]:
         return {"targets": [t.describe() for t in self.targets.values()],
@@ -495,8 +357,8 @@ class Service:
     def flush_counters(self) -> None:
         """Bring CallStats up to date with every call answered so far (the native plane
         merges its own counts every 0.5 s otherwise)."""
-        if self._dispatch is not None:
-            self._dispatch.flush()
+        if self._plane is not None:
+            self._plane.flush()
 
     def _status_summary(self) -> dict[str, Any]:
         self.flush_counters()
@@ -520,57 +382,3 @@ def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _process_start_time(pid: int) -> float | None:
-    """When process `pid` started (wall clock, to the second of the boot time)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            ticks = int(handle.read().rsplit(b")", 1)[1].split()[19])
-        with open("/proc/stat", "rb") as handle:
-            boot = next(int(line.split()[1]) for line in handle if line.startswith(b"btime"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _pin_in(pid: int, share_path: str, allow: list[str], credentials: Credentials) -> Share:
-    """pin_share in the mount namespace of process pid, as the registering client."""
-    try:
-        root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_CLOEXEC)
-    except OSError as exc:
-        raise RegistrationRefused(f"cannot see process {pid}'s root: {exc.strerror}",
-                                  errno.ESRCH) from None
-    try:
-        with acting_as(credentials):
-            return pin_share(root_fd, share_path, allow, pid)
-    finally:
-        os.close(root_fd)
-
-
-def _pin_expected(expected: bytes, pids: tuple[int, int], share_path: str, allow: list[str],
-                  credentials: Credentials) -> Share:
-    """A re-registration binds to the share of the first registration, whatever the target
-    did to its own mount namespace since (it may have mounted another allowed share, or
-    anything else, over its share path). The share path is resolved in the target's
-    namespace, then, unless that gave the expected share id, in the registering client's,
-    which the target cannot change (pids: target, client; a client pid of 0, a keeper
-    record, has none); a share with another id is refused (ESTALE)."""
-    seen: list[str] = []
-    for pid in pids:
-        if pid <= 0:
-            continue
-        try:
-            share = _pin_in(pid, share_path, allow, credentials)
-        except RegistrationRefused as exc:
-            seen.append(exc.reason)
-            continue
-        if hmac.compare_digest(share.share_id, expected):
-            if pid != pids[0]:
-                log.event("share_pinned_in_client_namespace", logging.WARNING,
-                          share=share.host_path, target_saw="; ".join(seen))
-            return share
-        seen.append(f"host path {share.host_path} is another share")
-        share.close()
-    raise RegistrationRefused(f"share {share_path} is not the share this listener was first "
-                              f"registered with ({'; '.join(seen)})", errno.ESTALE)

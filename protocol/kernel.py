@@ -57,6 +57,11 @@ O_TMPFILE: Final = 0o20000000 | O_DIRECTORY
 MAX_HANDLE_SZ: Final = 128
 FILE_HANDLE_HEADER_SIZE: Final = 8
 FILEID_INVALID: Final = 255
+# exportfs handle types of a file with its parent (include/linux/exportfs.h, xfs)
+FILEID_INO32_GEN: Final = 1
+FILEID_INO32_GEN_PARENT: Final = 2
+FILEID_INO64_GEN: Final = 0x81  # xfs's 64-bit
+FILEID_INO64_GEN_PARENT: Final = 0x82
 FILEID_IS_CONNECTABLE: Final = 0x10000
 FILEID_IS_DIR: Final = 0x20000
 FILEID_USER_FLAGS_MASK: Final = 0xFFFF0000

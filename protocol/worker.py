@@ -4,7 +4,7 @@ One JSON object per SOCK_SEQPACKET message, with "op" naming it; fds travel as S
 beside the message that says what they are. Both ends are fhmon's own processes, so the
 checks here are for robustness (a clear error instead of a crash), not a trust boundary.
 
-    serve -> worker   Start      the worker's settings (once, first)
+    serve -> worker   Start      the worker's settings, its data plane's too (once, first)
                       AddTarget  a registered listener: fds = [listener, share O_PATH fd,
                                  share directory fd]
                       RemoveTarget  its filter has no task left: close the copies
@@ -34,6 +34,10 @@ class Start:
     log_level: str
     drop_capabilities: bool
     sandbox: bool
+    # the configuration's data plane (monitor/dataplane.py): a worker answers on the same
+    # plane fhmon serve would have used itself
+    data_plane: str = "native"
+    data_plane_threads: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +103,9 @@ def encode(message: Message) -> bytes:
             body: dict[str, Any] = {"op": "start", "key_dir": message.key_dir,
                                     "signing": message.signing, "log_level": message.log_level,
                                     "drop_capabilities": message.drop_capabilities,
-                                    "sandbox": message.sandbox}
+                                    "sandbox": message.sandbox,
+                                    "data_plane": message.data_plane,
+                                    "data_plane_threads": message.data_plane_threads}
         case AddTarget():
             s = message.share
             body = {"op": "add", "target_id": message.target_id, "pid": message.pid,
@@ -134,7 +140,8 @@ def decode(data: bytes) -> Message:
         if op == "start":
             return Start(_str(body["key_dir"]), _bool(body["signing"]),
                          _str(body["log_level"]), _bool(body["drop_capabilities"]),
-                         _bool(body["sandbox"]))
+                         _bool(body["sandbox"]), _plane(body["data_plane"]),
+                         _int(body["data_plane_threads"]))
         if op == "add":
             s = body["share"]
             peer_pid, peer_uid, peer_gid = (_int(v) for v in body["peer"])
@@ -179,6 +186,12 @@ def _count(value: Any) -> int:
     if count < 0:
         raise ValueError(f"a count cannot be negative: {value}")
     return count
+
+
+def _plane(value: Any) -> str:
+    if value not in ("native", "python"):
+        raise ValueError(f"unknown data plane {value!r}")
+    return str(value)
 
 
 def _bool(value: Any) -> bool:

@@ -1,4 +1,4 @@
-"""What a handler sees (CallContext) and what it returns (Outcome)."""
+"""What a handler sees (CallContext) and what it returns (an outcome the answerer sends)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from monitor.listener import Listener
-from monitor.target import TargetThread
+from monitor.target_thread import TargetThread
 from protocol import kernel
 
 if TYPE_CHECKING:
@@ -17,15 +17,23 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class CallContext:
-    """One trapped call: the notification, the calling thread, its share, the keys."""
+    """One trapped call: the calling thread (which holds the notification and the listener
+    it came from), its share, the keys, and who registered the listener."""
 
-    listener: Listener
-    notif: kernel.Notification
     thread: TargetThread
     share: Share
     keys: KeyRing
     signing: bool = True
     target_id: int = 0
+    peer_uid: int = 0  # the registering client's uid (0: root, whose targets are any uid's)
+
+    @property
+    def notif(self) -> kernel.Notification:
+        return self.thread.notif
+
+    @property
+    def listener(self) -> Listener:
+        return self.thread.listener
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,12 +44,34 @@ class Return:
 
 
 @dataclass(frozen=True, slots=True)
+class Error:
+    """Answer the call with this errno (positive); reason: why fhmon refused, if it did
+    (the audit log's text; monitor/labels.py gives each a fixed identifier)."""
+
+    errno: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class InjectFd:
+    """Answer the call by installing `fd` (fhmon's, which the answer closes) in the target,
+    the new fd number being the call's return value (ADDFD with SECCOMP_ADDFD_FLAG_SEND)."""
+
+    fd: int
+    cloexec: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Injected:
-    """The handler already answered by ADDFD + SEND; `fd` is the target's new fd number."""
+    """An InjectFd that was answered: `fd` is the target's new fd number."""
 
     fd: int
 
 
-Outcome = Return | Injected
+Outcome = Return | Error | InjectFd
+# What the middleware sees: an InjectFd is answered below it (monitor/handlers/reply.py),
+# so that its time and its failures (ENOENT: gone; EMFILE in the target) are the call's.
+Answered = Return | Injected
 Handler = Callable[[CallContext], Outcome]
-Middleware = Callable[[str, Handler], Handler]
+Step = Callable[[CallContext], Answered]
+Middleware = Callable[[str, Step], Step]

@@ -16,7 +16,7 @@ from monitor import linux
 from monitor.credentials import acting_as
 from monitor.handlers.base import CallContext, Return
 from monitor.policy import check_resolved
-from monitor.target import SyscallError, TargetThread
+from monitor.target_thread import SyscallError, TargetThread
 from protocol import kernel, signed_handle
 
 
@@ -26,7 +26,7 @@ def probe_kernel_flags() -> int:
     for flag in (kernel.AT_HANDLE_FID, kernel.AT_HANDLE_MNT_ID_UNIQUE,
                  kernel.AT_HANDLE_CONNECTABLE):
         try:
-            linux.name_to_handle_at(-100, b"/", flag)
+            linux.name_to_handle_at(kernel.AT_FDCWD, b"/", flag)
         except OSError as exc:
             if exc.errno == errno.EINVAL:
                 continue
@@ -147,7 +147,7 @@ def _kernel_handle(obj: int, flags: int) -> tuple[int, bytes, int]:
     try:
         if flags & kernel.AT_HANDLE_CONNECTABLE:
             return linux.name_to_handle_at(
-                -100, f"/proc/self/fd/{obj}".encode(),
+                kernel.AT_FDCWD, f"/proc/self/fd/{obj}".encode(),
                 passthrough | kernel.AT_HANDLE_CONNECTABLE | kernel.AT_SYMLINK_FOLLOW)
         return linux.name_to_handle_at(obj, b"", passthrough | kernel.AT_EMPTY_PATH)
     except OSError as exc:

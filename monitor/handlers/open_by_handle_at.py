@@ -3,8 +3,9 @@
 Kernel checks first and in the kernel's order (header EFAULT, handle_bytes EINVAL, type
 EINVAL, handle bytes EFAULT, mount_fd EBADF); then the MAC (ESTALE), the decode on the
 share's own mount, the inside-the-share check, and the open itself with the target's
-credentials. The fd reaches the target through ADDFD with SECCOMP_ADDFD_FLAG_SEND, which
-installs it and answers the call in one step.
+credentials. The handler returns the opened fd (InjectFd); the answerer (monitor/handlers/reply.py)
+hands it over through ADDFD with SECCOMP_ADDFD_FLAG_SEND, which installs it and answers
+the call in one step.
 
 O_PATH: ADDFD cannot carry O_PATH files, so an O_PATH request gets a real open instead:
 O_RDONLY|O_DIRECTORY for a directory, O_RDONLY (else O_WRONLY) for a regular file, each
@@ -34,10 +35,9 @@ import stat
 
 from monitor import linux
 from monitor.credentials import acting_as
-from monitor.handlers.base import CallContext, Injected
-from monitor.listener import NotificationGone
+from monitor.handlers.base import CallContext, InjectFd
 from monitor.policy import check_opened
-from monitor.target import SyscallError
+from monitor.target_thread import SyscallError
 from protocol import kernel
 
 # Flags that only make sense for the open we do ourselves, or that the magic-link reopen
@@ -45,7 +45,7 @@ from protocol import kernel
 _STRIP = kernel.O_CLOEXEC | kernel.O_NOFOLLOW | kernel.O_PATH
 
 
-def open_by_handle_at(ctx: CallContext) -> Injected:
+def open_by_handle_at(ctx: CallContext) -> InjectFd:
     args = ctx.notif.args
     mount_fd = kernel.arg_int(args[0])
     handle_ptr = kernel.arg_ptr(args[1])
@@ -56,7 +56,7 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
     # validates the notification itself: until then these bytes (maybe from a process that
     # reused a dead target's TID) steer only fhmon's own checks and errno answers, and an
     # answer to a notification that is gone reaches nobody. (A policy refusal is audited
-    # only after an ID_VALID: monitor/metrics.py.)
+    # only after an ID_VALID: monitor/audit.py.)
     raw = ctx.thread.read_prefix(handle_ptr, 8 + kernel.MAX_HANDLE_SZ)
     if len(raw) < 8:
         raise SyscallError(errno.EFAULT)
@@ -92,17 +92,8 @@ def open_by_handle_at(ctx: CallContext) -> Injected:
         opened = _reopen_as_target(ctx, obj, flags, is_dir)
     finally:
         os.close(obj)
-    try:
-        try:  # ADDFD itself refuses an id that is no longer valid (ENOENT)
-            fd = ctx.thread.listener.inject_and_respond(
-                ctx.notif.id, opened, cloexec=bool(flags & kernel.O_CLOEXEC))
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:
-                raise NotificationGone(ctx.notif.id) from None
-            raise SyscallError(exc.errno or errno.EIO) from None  # e.g. EMFILE in the target
-    finally:
-        os.close(opened)
-    return Injected(fd)
+    # answered by ADDFD|SEND (monitor/handlers/reply.py), which closes `opened`
+    return InjectFd(opened, cloexec=bool(flags & kernel.O_CLOEXEC))
 
 
 def _mount_fd_device(ctx: CallContext, mount_fd: int, share_dev: int) -> int:

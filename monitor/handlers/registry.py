@@ -1,4 +1,5 @@
-"""The syscall -> handler registry and the dispatcher that answers every notification."""
+"""The syscall -> handler registry: picks a call's handler, wraps it in middleware, and
+hands the outcome to the one answerer (monitor/handlers/reply.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,24 @@ import errno
 import logging
 from collections.abc import Iterable
 
-from monitor.handlers.base import CallContext, Handler, Injected, Middleware, Outcome, Return
+from monitor.handlers import reply
+from monitor.handlers.base import (
+    Answered,
+    CallContext,
+    Error,
+    Handler,
+    Injected,
+    InjectFd,
+    Middleware,
+    Outcome,
+    Return,
+    Step,
+)
+from monitor.handlers.caller_uid import caller_uid_middleware
 from monitor.handlers.name_to_handle_at import name_to_handle_at
 from monitor.handlers.open_by_handle_at import open_by_handle_at
 from monitor.listener import NotificationGone
-from monitor.target import RESOURCE_ERRNOS, SyscallError
+from monitor.target_thread import RESOURCE_ERRNOS, SyscallError
 from protocol import kernel
 
 log = logging.getLogger("fhmon.dispatch")
@@ -28,47 +42,65 @@ def syscall_name(nr: int) -> str:
 
 def _unexpected(ctx: CallContext) -> Outcome:
     """Anything else the filter delivers (another syscall, another arch): a clean ENOSYS."""
-    raise SyscallError(errno.ENOSYS,
-                       f"syscall {ctx.notif.nr} arch {ctx.notif.arch:#x} is not emulated")
+    return Error(errno.ENOSYS, f"syscall {ctx.notif.nr} arch {ctx.notif.arch:#x} is not "
+                 f"emulated")
 
 
-class Dispatcher:
-    """Picks the handler for a notification, wraps it in middleware, answers the call."""
+def _answering(handler: Handler) -> Step:
+    """The handler as the middleware sees it: an Error is raised (SyscallError, as the
+    handlers' helpers raise theirs), an fd is injected at once (monitor/handlers/reply.py)."""
+
+    def step(ctx: CallContext) -> Answered:
+        outcome = handler(ctx)
+        if isinstance(outcome, Error):
+            raise SyscallError(outcome.errno, reason=outcome.reason)
+        if isinstance(outcome, InjectFd):
+            return reply.inject(ctx.listener, ctx.notif.id, outcome)
+        if isinstance(outcome, Return):
+            return outcome
+        raise TypeError(f"handler returned {outcome!r}")
+    return step
+
+
+class HandlerRegistry:
+    """Picks the handler for a notification, wraps it in middleware (the caller-uid check
+    outermost, always, then the given ones, the first outermost), and has the call
+    answered exactly once (or not at all if it is gone)."""
 
     def __init__(self, middleware: Iterable[Middleware] = ()) -> None:
-        self._chain: dict[tuple[int, int], tuple[str, Handler]] = {}
-        self._middleware = list(middleware)
+        self._chain: dict[tuple[int, int], Step] = {}
+        self._middleware = [caller_uid_middleware(syscall_name), *middleware]
         self._fallback = self._wrap("unexpected", _unexpected)
         for nr, (name, handler) in HANDLERS.items():
-            self._chain[(kernel.AUDIT_ARCH_X86_64, nr)] = (name, self._wrap(name, handler))
+            self._chain[(kernel.AUDIT_ARCH_X86_64, nr)] = self._wrap(name, handler)
 
-    def _wrap(self, name: str, handler: Handler) -> Handler:
+    def _wrap(self, name: str, handler: Handler) -> Step:
+        step = _answering(handler)
         for mw in reversed(self._middleware):
-            handler = mw(name, handler)
-        return handler
+            step = mw(name, step)
+        return step
 
     def dispatch(self, ctx: CallContext) -> None:
         """Answer the call exactly once (or not at all if the target is gone)."""
-        _, handler = self._chain.get((ctx.notif.arch, ctx.notif.nr), ("", self._fallback))
+        step = self._chain.get((ctx.notif.arch, ctx.notif.nr), self._fallback)
+        outcome: Return | Error
         try:
-            outcome = handler(ctx)
+            answered = step(ctx)
         except SyscallError as exc:
-            ctx.listener.respond(ctx.notif.id, error=exc.errno)
-            return
+            outcome = Error(exc.errno, reason=exc.reason)
         except NotificationGone:
             return
         except OSError as exc:
             if exc.errno in RESOURCE_ERRNOS:  # out of fds/memory: the kernel's answer
-                ctx.listener.respond(ctx.notif.id, error=exc.errno)
-                return
-            log.exception("handler failed; answering EIO")
-            ctx.listener.respond(ctx.notif.id, error=errno.EIO)
-            return
+                outcome = Error(exc.errno)
+            else:
+                log.exception("handler failed; answering EIO")
+                outcome = Error(errno.EIO)
         except Exception:
             log.exception("handler failed; answering EIO")
-            ctx.listener.respond(ctx.notif.id, error=errno.EIO)
-            return
-        if isinstance(outcome, Return):
-            ctx.listener.respond(ctx.notif.id, val=outcome.value)
-        elif not isinstance(outcome, Injected):
-            raise TypeError(f"handler returned {outcome!r}")
+            outcome = Error(errno.EIO)
+        else:
+            if isinstance(answered, Injected):
+                return  # answered by its ADDFD|SEND
+            outcome = answered
+        reply.send(ctx.listener, ctx.notif.id, outcome)

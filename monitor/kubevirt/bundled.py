@@ -51,7 +51,9 @@ def _not_dumpable() -> None:
     if ctypes.CDLL(None, use_errno=True).prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         print("fhmon launch: cannot make the launcher non-dumpable", file=sys.stderr)
 
-from monitor import launcher  # noqa: E402  (after the lookup: pyseccomp loads at import)
+# After the lookup (pyseccomp loads at import); loaded here so that install-launcher copies it.
+from monitor import launcher  # noqa: E402, F401
+from monitor.commands import node  # noqa: E402
 from protocol import kernel  # noqa: E402
 
 
@@ -64,16 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     launch.add_argument("--user", help="UID[:GID] to run CMD as")
     launch.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
     os.register_at_fork(after_in_parent=_not_dumpable)
-    try:
-        user = launcher.parse_user(args.user) if args.user else None
-        return launcher.launch(args.socket, args.share, user, command)
-    except launcher.LaunchError as exc:
-        print(f"fhmon launch: {exc}", file=sys.stderr)
-        return 125
+    return node.launch(args)  # as `fhmon launch` does
 
 
 if __name__ == "__main__":

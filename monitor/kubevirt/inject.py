@@ -20,42 +20,31 @@ webhook uses the same plan as a JSON Patch (`pod_patch`).
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 import yaml
 
+from monitor.kubevirt.containers import (
+    DEFAULT_SETTINGS,
+    LAUNCHER_INIT,
+    LAUNCHER_VOLUME,
+    Settings,
+    as_list,
+    inject_container,
+    launcher_init_container,
+    launcher_volume,
+)
+
 VIRTIOFSD = "/usr/libexec/virtiofsd"
 CONTAINER_PREFIX = "virtiofs-"
-LAUNCHER_DIR = "/var/run/fhmon/launcher"
-LAUNCHER_VOLUME = "fhmon-launcher"
-LAUNCHER_INIT = "fhmon-launcher"
-QEMU_UID = 107
 # Seccomp profiles that would stack under fhmon's notify filter and answer the two handle
 # syscalls with EPERM first (an ERRNO result outranks USER_NOTIF), so fhmon would never be
 # asked. Pods confined so are left alone: they keep running as today, without handles.
 CONFINING_SECCOMP = frozenset({"RuntimeDefault", "Localhost"})
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """What the injected pieces point at; deploy/ and the webhook must agree on these."""
-
-    image: str = "fhmon"
-    socket: str = "/var/run/kubevirt/fhmon/fhmon.sock"
-    resource: str = "devices.kubevirt.io/fhmon"
-    # The launcher (CPython running `fhmon launch`) lives in the container's cgroup beside
-    # virtiofsd; KubeVirt's 80M limit was sized for virtiofsd alone.
-    memory_overhead: int = 64 * 1024 * 1024
-    # prefer: files that cannot have a handle (EOPNOTSUPP) keep an O_PATH fd as today instead
-    # of failing the guest's lookup; see docs/kubevirt.md.
-    inode_file_handles: Literal["prefer", "mandatory"] = "prefer"
 
 
 class InjectError(ValueError):
@@ -82,28 +71,15 @@ class Op:
 # The plan for one Pod (pure data)
 
 
-def launcher_command(settings: Settings, share: str) -> list[str]:
-    """The prefix put before virtiofsd: the copied loader runs the copied CPython.
-
-    No environment is added: `-I` makes CPython find its prefix from its own path, and the
-    loader's --library-path does not reach the exec'ed virtiofsd (see bundle.py).
-    """
-    return [
-        f"{LAUNCHER_DIR}/ld.so", "--library-path", f"{LAUNCHER_DIR}/lib",
-        f"{LAUNCHER_DIR}/bin/python3", "-I", "-m", "monitor.kubevirt.bundled",
-        "launch", "--socket", settings.socket, "--share", share, "--",
-    ]
-
-
-def plan_pod(pod: Any, settings: Settings = Settings()) -> list[Op]:
+def plan_pod(pod: Any, settings: Settings = DEFAULT_SETTINGS) -> list[Op]:
     """The operations that put the pod's PVC virtiofs containers under fhmon ([] if none)."""
     if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
         return []
     spec = pod["spec"]
-    volumes = {v.get("name"): v for v in _list(spec.get("volumes")) if isinstance(v, dict)}
+    volumes = {v.get("name"): v for v in as_list(spec.get("volumes")) if isinstance(v, dict)}
     pod_seccomp = _seccomp_type(spec.get("securityContext"))
     ops: list[Op] = []
-    for index, container in enumerate(_list(spec.get("containers"))):
+    for index, container in enumerate(as_list(spec.get("containers"))):
         volume = _pvc_virtiofs_volume(container, volumes)
         if volume is None:
             continue
@@ -117,12 +93,12 @@ def plan_pod(pod: Any, settings: Settings = Settings()) -> list[Op]:
     if LAUNCHER_VOLUME not in volumes:
         ops.append(_append(spec, "volumes", launcher_volume()))
     if not any(isinstance(c, dict) and c.get("name") == LAUNCHER_INIT
-               for c in _list(spec.get("initContainers"))):
+               for c in as_list(spec.get("initContainers"))):
         ops.append(_append(spec, "initContainers", launcher_init_container(settings)))
     return ops
 
 
-def pod_patch(pod: Any, settings: Settings = Settings()) -> list[dict[str, Any]]:
+def pod_patch(pod: Any, settings: Settings = DEFAULT_SETTINGS) -> list[dict[str, Any]]:
     """RFC 6902 JSON Patch for one Pod: exactly the edits `inject` makes to its text."""
     return [op.as_json_patch() for op in plan_pod(pod, settings)]
 
@@ -132,10 +108,6 @@ def _append(spec: dict[str, Any], key: str, value: Any) -> Op:
         return Op("add", ("spec", key, "-"), value)
     # Absent (or null): create the list. "replace" for null so that a JSON Patch applies.
     return Op("replace" if key in spec else "add", ("spec", key), [value])
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def _seccomp_type(security_context: Any) -> str | None:
@@ -158,126 +130,12 @@ def _pvc_virtiofs_volume(container: Any, volumes: dict[Any, Any]) -> str | None:
         return None  # already injected, or not KubeVirt's rendering
     if not any(isinstance(m, dict) and m.get("name") == volume
                and m.get("mountPath") == f"/{volume}"
-               for m in _list(container.get("volumeMounts"))):
+               for m in as_list(container.get("volumeMounts"))):
         return None
     source = volumes.get(volume)
     if not isinstance(source, dict) or not isinstance(source.get("persistentVolumeClaim"), dict):
         return None  # ConfigMap, Secret, DownwardAPI, ServiceAccount...: no handles needed
     return volume
-
-
-def inject_container(container: dict[str, Any], volume: str,
-                     settings: Settings = Settings()) -> dict[str, Any]:
-    """KubeVirt's virtiofs container, wrapped; key order kept, new keys appended."""
-    new = copy.deepcopy(container)
-    share = f"/{volume}"
-    new["command"] = launcher_command(settings, share) + list(container["command"])
-    new["args"] = virtiofsd_args(_list(container.get("args")), settings)
-    new["volumeMounts"] = [*_list(new.get("volumeMounts")),
-                           {"name": LAUNCHER_VOLUME, "mountPath": LAUNCHER_DIR, "readOnly": True}]
-    found = new.get("resources")
-    resources: dict[str, Any] = found if isinstance(found, dict) else {}
-    limits = dict(resources.get("limits") or {})
-    limits[settings.resource] = "1"
-    requests = resources.get("requests")
-    if "memory" in limits:
-        limit = limits["memory"]
-        limits["memory"] = add_quantity(limit, settings.memory_overhead)
-        if isinstance(requests, dict) and requests.get("memory") == limit:
-            # Raised with the limit only where they were equal: a Guaranteed pod
-            # (requests == limits) stays Guaranteed; others keep their request.
-            requests = {**requests, "memory": limits["memory"]}
-    resources = {**resources, "limits": limits}
-    if isinstance(requests, dict):
-        resources["requests"] = requests
-    new["resources"] = resources
-    return new
-
-
-def virtiofsd_args(args: Sequence[Any], settings: Settings = Settings()) -> list[Any]:
-    """virtiofsd's arguments with file handles on and, if it migrates, by handle."""
-    out: list[Any] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg == "--inode-file-handles":
-            skip = True
-            continue
-        if isinstance(arg, str) and arg.startswith("--inode-file-handles="):
-            continue
-        if arg == "--migration-mode":
-            out.append("--migration-mode=file-handles")
-            skip = True
-            continue
-        if isinstance(arg, str) and arg.startswith("--migration-mode="):
-            # Only where KubeVirt already asks for a mode: an older virtiofsd without
-            # migration support would refuse an unknown flag.
-            out.append("--migration-mode=file-handles")
-            continue
-        out.append(arg)
-    out.append(f"--inode-file-handles={settings.inode_file_handles}")
-    return out
-
-
-def launcher_volume() -> dict[str, Any]:
-    return {"name": LAUNCHER_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}
-
-
-def launcher_init_container(settings: Settings = Settings()) -> dict[str, Any]:
-    """Copies the self-contained launcher out of the fhmon image into the emptyDir."""
-    # requests == limits: keeps a Guaranteed (dedicated-CPU) virt-launcher pod Guaranteed.
-    # Measured: 33 MiB peak RSS for the copy (two interpreters), plus page cache.
-    amounts = {"cpu": "100m", "memory": "128Mi"}
-    return {
-        "name": LAUNCHER_INIT,
-        "image": settings.image,
-        "imagePullPolicy": "IfNotPresent",
-        "args": ["install-launcher", LAUNCHER_DIR],
-        "resources": {"requests": dict(amounts), "limits": dict(amounts)},
-        "securityContext": {
-            "runAsUser": QEMU_UID,
-            "runAsGroup": QEMU_UID,
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [{"name": LAUNCHER_VOLUME, "mountPath": LAUNCHER_DIR}],
-    }
-
-
-_SUFFIXES: dict[str, Decimal | int] = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$")
-
-
-def add_quantity(quantity: Any, extra: int) -> Any:
-    """A Kubernetes memory quantity plus at least `extra` bytes, in the same family of
-    suffixes where it can be (80M -> 148M, 80Mi -> 144Mi); unparseable values are left alone.
-    """
-    match = _QUANTITY.match(str(quantity).strip())
-    if match is None:
-        return quantity
-    suffix = match.group(2)
-    try:
-        total = Decimal(match.group(1)) * Decimal(_SUFFIXES[suffix])
-    except InvalidOperation:
-        return quantity
-    whole = int(total.to_integral_value(rounding="ROUND_CEILING"))
-    if suffix.endswith("i"):
-        return _format_bytes(whole + extra, 2**20, "Mi")
-    step = 10**6  # decimal suffixes: round the overhead up to whole megabytes
-    return _format_bytes(whole + -(-extra // step) * step, step, "M")
-
-
-def _format_bytes(value: int, unit: int, suffix: str) -> str:
-    return f"{value // unit}{suffix}" if value % unit == 0 else str(value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -297,7 +155,7 @@ def pods_in(document: Any) -> Iterator[tuple[Path, Any]]:
                 yield ("items", index), item
 
 
-def plan_document(document: Any, settings: Settings = Settings()) -> list[Op]:
+def plan_document(document: Any, settings: Settings = DEFAULT_SETTINGS) -> list[Op]:
     return [Op(op.op, prefix + op.path, op.value)
             for prefix, pod in pods_in(document) for op in plan_pod(pod, settings)]
 
@@ -462,7 +320,7 @@ def _json_indent(text: str, root: yaml.Node) -> int:
     return 0
 
 
-def inject(text: str, settings: Settings = Settings()) -> str:
+def inject(text: str, settings: Settings = DEFAULT_SETTINGS) -> str:
     """`fhmon inject`: the text with its Pods' PVC virtiofs containers under fhmon.
 
     Output is input except for the spans that change; injecting twice equals injecting once.

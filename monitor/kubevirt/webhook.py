@@ -29,13 +29,13 @@ import trio
 from monitor import http, log
 from monitor.http import Request, Response
 from monitor.kubevirt import inject
+from monitor.kubevirt.containers import DEFAULT_SETTINGS, Settings
 
 # An AdmissionReview carries the whole Pod (and, for updates, the old one); the API server
 # stores objects of up to 1.5 MiB, so 4 MiB bounds every real review.
 LIMITS = http.Limits(max_connections=64, max_header_bytes=16384, max_body_bytes=4 * 2**20,
                      request_timeout=10.0, idle_timeout=30.0, max_requests_per_connection=1000)
 ADMISSION_API = "admission.k8s.io/v1"
-DEFAULT_SETTINGS = inject.Settings()
 
 
 class BadReview(ValueError):
@@ -75,7 +75,7 @@ def parse_review(body: bytes) -> Review:
     return Review(uid, pod, operation if isinstance(operation, str) else "")
 
 
-def review_response(review: Review, settings: inject.Settings) -> dict[str, Any]:
+def review_response(review: Review, settings: Settings) -> dict[str, Any]:
     """allowed: true, with the patch when the pod has something for fhmon."""
     response: dict[str, Any] = {"uid": review.uid, "allowed": True}
     if review.operation in ("CREATE", "") and review.pod is not None and (
@@ -88,7 +88,7 @@ def review_response(review: Review, settings: inject.Settings) -> dict[str, Any]
     return {"apiVersion": ADMISSION_API, "kind": "AdmissionReview", "response": response}
 
 
-def make_handler(settings: inject.Settings, certificates: CertificateFiles) -> http.Handler:
+def make_handler(settings: Settings, certificates: CertificateFiles) -> http.Handler:
     async def mutate(request: Request) -> Response:
         try:
             review = parse_review(request.body)
@@ -178,7 +178,7 @@ class CertificateFiles:
 
 
 async def serve(address: str, certificates: CertificateFiles,
-                settings: inject.Settings = DEFAULT_SETTINGS, limits: http.Limits = LIMITS,
+                settings: Settings = DEFAULT_SETTINGS, limits: http.Limits = LIMITS,
                 task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
                 ) -> None:
     await http.serve(make_handler(settings, certificates), address, name="webhook",

@@ -24,6 +24,9 @@ pub const AT_HANDLE_FID: i32 = 0x200;
 pub const AT_HANDLE_MNT_ID_UNIQUE: i32 = 0x001;
 pub const AT_HANDLE_CONNECTABLE: i32 = 0x002;
 
+/// kcmp(2) type: are two fds the same open file (struct file)
+pub const KCMP_FILE: i32 = 0;
+
 pub const O_CLOEXEC: i32 = 0o2_000_000;
 pub const O_PATH: i32 = 0o10_000_000;
 

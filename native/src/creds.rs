@@ -2,6 +2,8 @@
 //! monitor/credentials.py `acting_as(creds, reopen_only=True)`: per-thread raw syscalls
 //! (setfsuid, setfsgid, setgroups, capset), always switched back (a guard's Drop).
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
 use crate::status::Credentials;
 use crate::sys;
 
@@ -15,7 +17,6 @@ const OPEN_NEUTRAL_CAPS: u64 =
 const PROBE_UID: u32 = 65534;
 
 /// The calling thread's own credentials, measured once per data-plane thread.
-#[derive(PartialEq, Eq, Debug)]
 pub struct Baseline {
     effective: u64,
     permitted: u64,
@@ -24,6 +25,8 @@ pub struct Baseline {
     fsgid: u32,
     groups: Vec<u32>,
     fsuid_drops_caps: bool,
+    /// this process's /proc/self/fd, kept for reopens (None: the four-component path)
+    fd_dir: Option<OwnedFd>,
 }
 
 impl Baseline {
@@ -40,9 +43,36 @@ impl Baseline {
             fsgid,
             groups: buf[..n].to_vec(),
             fsuid_drops_caps: false,
+            fd_dir: sys::open_own_fd_dir().ok(),
         };
         base.fsuid_drops_caps = base.probe_fsuid_drops_caps()?;
         Ok(base)
+    }
+
+    /// The calling thread's credentials are still the ones measured (checked after a
+    /// panic was caught mid-call, before the thread serves on).
+    pub fn still_holds(&self) -> bool {
+        let Ok((effective, permitted, inheritable)) = sys::capget_thread() else {
+            return false;
+        };
+        let mut buf = [0u32; 1024];
+        let Ok(n) = sys::getgroups(&mut buf) else {
+            return false;
+        };
+        (effective, permitted, inheritable) == (self.effective, self.permitted, self.inheritable)
+            // an invalid id (-1) changes nothing and returns the current fs id
+            && sys::setfsuid(u32::MAX) == self.fsuid
+            && sys::setfsgid(u32::MAX) == self.fsgid
+            && buf[..n] == self.groups[..]
+    }
+
+    /// open("/proc/self/fd/N", flags) of one of our fds: a new open file with an open's
+    /// permission checks, through the kept /proc/self/fd (one path component, not four).
+    pub fn reopen(&self, obj: BorrowedFd<'_>, flags: i32) -> Result<OwnedFd, sys::Errno> {
+        match &self.fd_dir {
+            Some(dir) => sys::reopen_in(dir.as_fd(), obj, flags),
+            None => sys::reopen(obj, flags),
+        }
     }
 
     /// Whether leaving fsuid 0 alone drops every capability an open could consult
@@ -92,8 +122,14 @@ impl<'a> ActingAs<'a> {
         if creds.groups != base.groups {
             sys::setgroups_thread(&creds.groups)?;
         }
-        sys::setfsgid(creds.fsgid);
-        sys::setfsuid(creds.fsuid);
+        // setting an id to the value it has changes nothing (the kernel allocates new
+        // credentials only to discard them): skipped, each way
+        if creds.fsgid != base.fsgid {
+            sys::setfsgid(creds.fsgid);
+        }
+        if creds.fsuid != base.fsuid {
+            sys::setfsuid(creds.fsuid);
+        }
         if !fsuid_only {
             sys::capset_thread(
                 creds.cap_effective & base.permitted,
@@ -111,13 +147,38 @@ impl Drop for ActingAs<'_> {
         if !self.fsuid_only {
             let _ = sys::capset_thread(base.permitted, base.permitted, base.inheritable);
         }
-        sys::setfsuid(base.fsuid); // back to 0: the kernel raises the fs caps again
-        sys::setfsgid(base.fsgid);
+        if self.creds.fsuid != base.fsuid {
+            sys::setfsuid(base.fsuid); // back to 0: the kernel raises the fs caps again
+        }
+        if self.creds.fsgid != base.fsgid {
+            sys::setfsgid(base.fsgid);
+        }
         if self.creds.groups != base.groups {
             let _ = sys::setgroups_thread(&base.groups);
         }
         if !self.fsuid_only && base.effective != base.permitted {
             let _ = sys::capset_thread(base.effective, base.permitted, base.inheritable);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_baseline_still_holds_and_a_changed_fsgid_does_not() {
+        let base = Baseline::measure().expect("measure");
+        assert!(base.still_holds());
+        let before = sys::setfsgid(base.fsgid.wrapping_add(1));
+        let changed = base.still_holds();
+        sys::setfsgid(before);
+        if sys::euid_egid().0 == 0 {
+            assert!(
+                !changed,
+                "a thread whose fsgid moved must not count as unchanged"
+            );
+        }
+        assert!(base.still_holds());
     }
 }

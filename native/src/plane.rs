@@ -41,7 +41,7 @@ const RESULTS: usize = MAX_ERRNO + 2;
 pub const BUCKETS: usize = 16;
 const MAX_EVENTS: usize = 4096;
 const PIDFD_CACHE: usize = 1024;
-/// errnos whose refusal with a reason is audited (monitor/metrics.py _POLICY_ERRNOS)
+/// errnos whose refusal with a reason is audited (monitor/audit.py _POLICY_ERRNOS)
 const POLICY_ERRNOS: [i32; 5] = [
     libc::EACCES,
     libc::ESTALE,
@@ -81,7 +81,7 @@ impl Share {
     }
 }
 
-/// A refusal for the audit log, as monitor/metrics.py audit_middleware writes it.
+/// A refusal for the audit log, as monitor/audit.py audit_middleware writes it.
 #[derive(Clone, Debug)]
 pub struct Refused {
     pub syscall: usize,
@@ -145,6 +145,8 @@ struct Target {
     stopping: AtomicBool,
     hung_up: AtomicBool,
     threads: Mutex<ThreadCache>,
+    /// the target's last mount_fd on the share's filesystem (obh.rs known_mount_fd)
+    mount_fd: Mutex<Option<obh::MountFdMemo>>,
     fallback_lock: Mutex<()>,
     /// calls answered natively since the last take_stats
     calls: AtomicU64,
@@ -152,7 +154,7 @@ struct Target {
 
 /// A thread of the target seen before: its pidfd (which names that thread for as long as
 /// it lives: a live pidfd's TID is the notifying thread's) and its real uid once its
-/// credentials are known to be frozen (monitor/target.py ThreadCache).
+/// credentials are known to be frozen (monitor/thread_cache.py ThreadCache).
 struct ThreadEntry {
     pidfd: OwnedFd,
     frozen: Option<Arc<Status>>,
@@ -297,6 +299,7 @@ impl Plane {
             stopping: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
             threads: Mutex::new(ThreadCache::new()),
+            mount_fd: Mutex::new(None),
             fallback_lock: Mutex::new(()),
             calls: AtomicU64::new(0),
         });
@@ -417,7 +420,7 @@ impl Plane {
             let answered = self.answer(target, &raw, base.as_ref(), start);
             if answered.is_err() {
                 // a panic: serve on only with the credentials the thread started with
-                if base.is_some() && Baseline::measure().ok() != base {
+                if base.as_ref().is_some_and(|b| !b.still_holds()) {
                     eprintln!(
                         "fhmon: data-plane thread of target {} stops after a panic: its \
                          credentials changed",
@@ -655,7 +658,7 @@ fn getfd_error(target: &Target, n: &Notification, e: Errno) -> Outcome {
 }
 
 /// Out of fds or memory in fhmon (EMFILE, ENFILE, ENOMEM): the kernel's own answer in that
-/// state, as the reference's RESOURCE_ERRNOS (monitor/target.py).
+/// state, as the reference's RESOURCE_ERRNOS (monitor/target_thread.py).
 fn is_resource_errno(e: Errno) -> bool {
     matches!(e, libc::EMFILE | libc::ENFILE | libc::ENOMEM)
 }

@@ -35,7 +35,7 @@ fn refused(errno: i32, reason: &'static str) -> Refusal {
 }
 
 /// An OSError the reference does not catch: monitor/handlers/registry.py answers the
-/// resource errnos as they are (monitor/target.py RESOURCE_ERRNOS), anything else EIO.
+/// resource errnos as they are (monitor/target_thread.py RESOURCE_ERRNOS), anything else EIO.
 pub fn failed(errno: Errno) -> Refusal {
     let errno = match errno {
         libc::EMFILE | libc::ENFILE | libc::ENOMEM => errno,
@@ -84,16 +84,42 @@ pub fn strip_deleted(path: &[u8]) -> &[u8] {
     path.strip_suffix(b" (deleted)").unwrap_or(path)
 }
 
-/// For name_to_handle_at: the looked-up object (its fd, st_mode and unique mount id) must
-/// be inside the share. EOPNOTSUPP for a submount inside the share and for a file whose
-/// place cannot be checked; EACCES for anything outside the share.
+/// What statx tells about an object (sys::statx_identity): st_mode, st_dev, st_ino and
+/// its unique mount id. None of them changes while an fd holds the object, so one statx
+/// serves both the type check and the first level of the walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub mode: u32,
+    pub dev: u64,
+    pub ino: u64,
+    pub mount_id: u64,
+}
+
+impl Identity {
+    pub fn of(fd: BorrowedFd<'_>) -> Result<Identity, Errno> {
+        let (mode, dev, ino, mount_id) = sys::statx_identity(fd)?;
+        Ok(Identity {
+            mode,
+            dev,
+            ino,
+            mount_id,
+        })
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+}
+
+/// For name_to_handle_at: the looked-up object (its fd and its identity) must be inside
+/// the share. EOPNOTSUPP for a submount inside the share and for a file whose place
+/// cannot be checked; EACCES for anything outside the share.
 pub fn check_resolved(
     share: &ShareRoot<'_>,
     obj: BorrowedFd<'_>,
-    mode: u32,
-    obj_mount_id: u64,
+    id: &Identity,
 ) -> Result<(), Refusal> {
-    if obj_mount_id != share.facts.mount_id {
+    if id.mount_id != share.facts.mount_id {
         let mut obj_buf = [0u8; PATH_MAX];
         let mut share_buf = [0u8; PATH_MAX];
         // too deep to print: outside for this answer, refused either way
@@ -118,8 +144,8 @@ pub fn check_resolved(
     if share.facts.whole_fs {
         return Ok(());
     }
-    let inside = if mode & libc::S_IFMT == libc::S_IFDIR {
-        dir_inside(share.facts, obj)
+    let inside = if id.is_dir() {
+        dir_inside_from(share.facts, obj, id)
     } else {
         file_inside(share, obj)
     }?;
@@ -135,19 +161,18 @@ pub fn check_resolved(
 pub fn check_opened(
     share: &ShareRoot<'_>,
     obj: BorrowedFd<'_>,
-    is_dir: bool,
-    obj_mount_id: u64,
+    id: &Identity,
 ) -> Result<(), Refusal> {
-    if obj_mount_id != share.facts.mount_id {
+    if id.mount_id != share.facts.mount_id {
         return Err(refused(
             libc::ESTALE,
             "opened object not on the share's mount",
         ));
     }
-    if share.facts.whole_fs || !is_dir {
+    if share.facts.whole_fs || !id.is_dir() {
         return Ok(());
     }
-    if !dir_inside(share.facts, obj)? {
+    if !dir_inside_from(share.facts, obj, id)? {
         return Err(refused(
             libc::ESTALE,
             "directory no longer inside the share",
@@ -160,7 +185,18 @@ pub fn check_opened(
 /// root (same inode on the share's mount) before it leaves that mount, tops out, or the
 /// kernel refuses '..'. Err: a statx failed (the reference lets that OSError through).
 pub fn dir_inside(share: &ShareFacts, dir: BorrowedFd<'_>) -> Result<bool, Refusal> {
-    let (_, mut dev, mut ino, mut mnt) = sys::statx_identity(dir).map_err(failed)?;
+    let id = Identity::of(dir).map_err(failed)?;
+    dir_inside_from(share, dir, &id)
+}
+
+/// dir_inside for a directory whose identity the caller's own statx of `dir` gave (the
+/// share root itself then costs no further syscall).
+fn dir_inside_from(
+    share: &ShareFacts,
+    dir: BorrowedFd<'_>,
+    id: &Identity,
+) -> Result<bool, Refusal> {
+    let (mut dev, mut ino, mut mnt) = (id.dev, id.ino, id.mount_id);
     let mut cur: Option<OwnedFd> = None;
     loop {
         if mnt != share.mount_id {
@@ -334,27 +370,34 @@ mod tests {
         assert_eq!(dir_inside(&facts, root.as_fd()), Ok(true));
         let other = open(&base.join("other"));
         assert_eq!(dir_inside(&facts, other.as_fd()), Ok(false));
-        let (mode, _, _, mnt) = sys::statx_identity(other.as_fd()).unwrap();
+        let other_id = Identity::of(other.as_fd()).unwrap();
         assert_eq!(
-            check_resolved(&root_view, other.as_fd(), mode, mnt),
+            check_resolved(&root_view, other.as_fd(), &other_id),
             Err(refused(libc::EACCES, "object outside the share"))
         );
         assert_eq!(
-            check_opened(&root_view, other.as_fd(), true, mnt),
+            check_opened(&root_view, other.as_fd(), &other_id),
             Err(refused(
                 libc::ESTALE,
                 "directory no longer inside the share"
             ))
         );
-        assert_eq!(check_opened(&root_view, other.as_fd(), false, mnt), Ok(()));
         let file = open(&share.join("a/file"));
-        let (mode, _, _, mnt) = sys::statx_identity(file.as_fd()).unwrap();
-        assert_eq!(check_resolved(&root_view, file.as_fd(), mode, mnt), Ok(()));
+        let file_id = Identity::of(file.as_fd()).unwrap();
+        // a non-directory off the share's subtree passes check_opened (trusted on its MAC)
+        std::fs::write(base.join("other/file"), b"y").unwrap();
+        let outside_file = open(&base.join("other/file"));
+        let outside_id = Identity::of(outside_file.as_fd()).unwrap();
+        assert_eq!(
+            check_opened(&root_view, outside_file.as_fd(), &outside_id),
+            Ok(())
+        );
+        assert_eq!(check_resolved(&root_view, file.as_fd(), &file_id), Ok(()));
         // moved out: the same fd is now outside
         std::fs::rename(share.join("a"), base.join("other/a")).unwrap();
         assert_eq!(dir_inside(&facts, b.as_fd()), Ok(false));
         assert_eq!(
-            check_resolved(&root_view, file.as_fd(), mode, mnt),
+            check_resolved(&root_view, file.as_fd(), &file_id),
             Err(refused(libc::EACCES, "object outside the share"))
         );
         // deeper than PATH_MAX, built by fd (a path string would not fit)

@@ -64,6 +64,43 @@ impl PyKeyRing {
         Ok(PyBytes::new(py, &out[..n]))
     }
 
+    /// What signing and verifying cost inside the data plane (no Python call per
+    /// operation): microseconds per sign and per verify of an 8-byte kernel handle, each the
+    /// mean of `iterations` runs (bench/levers.py reports it against issue 16's 1 us).
+    fn cost(&self, py: Python<'_>, iterations: u32) -> PyResult<(f64, f64)> {
+        if iterations == 0 {
+            return Err(PyValueError::new_err("iterations must be at least 1"));
+        }
+        let share: mac::ShareId = [7u8; 32];
+        let kernel = [5u8; 8];
+        py.detach(|| {
+            let mut out = [0u8; MAX_HANDLE_SZ];
+            let start = std::time::Instant::now();
+            for _ in 0..iterations {
+                std::hint::black_box(self.ring.sign(
+                    std::hint::black_box(&share),
+                    1,
+                    &kernel,
+                    &mut out,
+                ));
+            }
+            let sign = start.elapsed().as_secs_f64();
+            let n = self.ring.sign(&share, 1, &kernel, &mut out).unwrap_or(0);
+            if self.ring.verify(&share, 1, &out[..n]) != Some(&kernel[..]) {
+                return Err(PyValueError::new_err(
+                    "a handle this ring signed did not verify",
+                ));
+            }
+            let start = std::time::Instant::now();
+            for _ in 0..iterations {
+                std::hint::black_box(self.ring.verify(std::hint::black_box(&share), 1, &out[..n]));
+            }
+            let verify = start.elapsed().as_secs_f64();
+            let per_op = |total: f64| total * 1e6 / f64::from(iterations);
+            Ok((per_op(sign), per_op(verify)))
+        })
+    }
+
     /// The kernel bytes if the MAC is right for this share and a known key, else None.
     fn verify<'py>(
         &self,

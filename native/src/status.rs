@@ -1,6 +1,6 @@
 //! /proc/TID/status, parsed in safe code (the target controls its `Name:` line): the real
 //! uid for the registering client's check, and whether the thread's credentials are frozen
-//! (monitor/target.py read_status: one uid and one gid everywhere, no capabilities,
+//! (monitor/proc_status.py read_status: one uid and one gid everywhere, no capabilities,
 //! no_new_privs), so that the uid may be cached for the thread's life.
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,7 +13,7 @@ pub struct Status {
     pub creds: Credentials,
 }
 
-/// What the kernel checks an open against (monitor/target.py Credentials). cap_effective
+/// What the kernel checks an open against (monitor/proc_status.py Credentials). cap_effective
 /// is as the file says: the caller zeroes it for a thread in another user namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Credentials {

@@ -642,6 +642,42 @@ pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> Result<OwnedFd, Errno> {
     owned(unsafe { libc::open(link.as_ptr().cast(), flags, 0) } as libc::c_long)
 }
 
+/// openat(fd_dir, "N", flags) with fd_dir an open /proc/self/fd: reopen() walking one
+/// path component instead of four (as monitor/linux.py reopen), same permission checks.
+pub fn reopen_in(fd_dir: BorrowedFd<'_>, fd: BorrowedFd<'_>, flags: i32) -> Result<OwnedFd, Errno> {
+    let mut name = [0u8; 12];
+    write_decimal(fd.as_raw_fd() as u32, &mut name);
+    // SAFETY: name holds at most 10 digits and stays NUL-terminated within its 12 bytes.
+    owned(
+        unsafe { libc::openat(fd_dir.as_raw_fd(), name.as_ptr().cast(), flags, 0) } as libc::c_long,
+    )
+}
+
+/// open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC): for reopen_in.
+pub fn open_own_fd_dir() -> Result<OwnedFd, Errno> {
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    // SAFETY: the path is a NUL-terminated literal; open returns a new fd or -1.
+    owned(unsafe { libc::open(c"/proc/self/fd".as_ptr(), flags) } as libc::c_long)
+}
+
+/// kcmp(pid, getpid(), KCMP_FILE, fd, ours) == 0: whether task `pid`'s fd is the very
+/// open file our fd `ours` duplicates. False too when the task or its fd is gone (ESRCH,
+/// EBADF) or kcmp is missing or refused (ENOSYS, EPERM): the caller then asks the long way.
+pub fn is_open_file_of(pid: i32, fd: i32, our_pid: i32, ours: BorrowedFd<'_>) -> bool {
+    // SAFETY: kcmp takes integers only and touches no memory of ours.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid,
+            our_pid,
+            abi::KCMP_FILE,
+            fd as libc::c_ulong,
+            ours.as_raw_fd() as libc::c_ulong,
+        )
+    };
+    ret == 0
+}
+
 /// openat2(dirfd, path, {flags, 0, resolve}).
 pub fn openat2(
     dirfd: BorrowedFd<'_>,

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import NOBODY, Agent
-from tests.handles import N2HResult
+from tests.support import NOBODY, Agent
+from tests.support.handles import N2HResult
 
 FORGERY = "Forgery"
 ESCAPES = "Escapes"

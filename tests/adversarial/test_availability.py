@@ -40,9 +40,9 @@ from typing import Any
 import pytest
 
 from tests.adversarial.common import AT_SYMLINK_FOLLOW, EXHAUSTION, errname, signed
-from tests.adversarial.conftest import Recorder
-from tests.adversarial.test_reregistration import NamespaceAgent
-from tests.conftest import FHMON, NOBODY, Agent, Service, World
+from tests.adversarial.recording import Recorder
+from tests.support import FHMON, NOBODY, Agent, Service, World
+from tests.support.agent import NamespaceAgent
 
 LIVENESS = 10.0  # seconds for one call to be answered
 LEASE_BREAK = 25  # /proc/sys/fs/lease-break-time during the lease attack

@@ -21,6 +21,7 @@ import pytest
 
 from tests.adversarial.common import (
     AT_EMPTY_PATH,
+    AT_HANDLE_FID,
     AT_SYMLINK_FOLLOW,
     ESCAPES,
     O_DIRECTORY,
@@ -32,10 +33,10 @@ from tests.adversarial.common import (
     obh_errno,
     signed,
 )
-from tests.adversarial.conftest import Recorder
-from tests.conftest import Agent, World
-from tests.handles import N2HResult
-from tests.mounts import mounted
+from tests.adversarial.recording import Recorder
+from tests.support import Agent, Service, World
+from tests.support.handles import N2HResult
+from tests.support.mounts import mounted
 
 LINKS = 41  # one more than the kernel's MAXSYMLINKS
 
@@ -153,9 +154,56 @@ def test_dirfds_outside_the_share(target: Agent, record: Recorder) -> None:
            n2h_errno(target, "../../outside/secret", dirfd="share"))
 
 
+# The documented outcomes once more in plain assertions (not rows of the table).
+
+@pytest.mark.parametrize("path,flags,expected", [
+    ("../../outside/secret", 0, errno.EACCES),
+    ("..", 0, errno.EACCES),
+    ("dir/../../other/sub", 0, errno.EACCES),
+    ("/etc/passwd", 0, errno.EACCES),
+    ("/", 0, errno.EACCES),
+    ("link_out", AT_SYMLINK_FOLLOW, errno.EACCES),
+    ("link_abs", AT_SYMLINK_FOLLOW, errno.EACCES),
+    ("link_out", 0, errno.EOPNOTSUPP),  # the symlink itself: no handles for symlinks
+    ("loop_a", AT_SYMLINK_FOLLOW, errno.ELOOP),
+    ("/proc/self/root/etc/passwd", 0, errno.ELOOP),
+    ("/proc/self/cwd/file", 0, errno.ELOOP),
+    ("/proc/1/root/etc", 0, errno.EACCES),  # as for the target: ptrace check
+    ("/proc/self/status", 0, errno.EACCES),
+    ("fifo", 0, errno.EOPNOTSUPP),
+    ("null", 0, errno.EOPNOTSUPP),
+    ("fifo", AT_HANDLE_FID, errno.EOPNOTSUPP),
+])
+def test_lookup_escapes_are_refused(target: Agent, path: str, flags: int,
+                                    expected: int) -> None:
+    assert target.call("n2h", path=path, flags=flags)["errno"] == expected
+
+
+def test_proc_fd_magic_link(target: Agent) -> None:
+    target.call("open", name="etc", path="/etc", flags=O_RDONLY)
+    fds = target.call("fdcount")
+    assert fds["fds"] > 0
+    r = target.call("n2h", path=f"/proc/{target.pid}/fd/3/passwd")
+    assert r["errno"] in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR)
+    assert target.call("n2h", path="/proc/thread-self/cwd/file")["errno"] == errno.ELOOP
+
+
+def test_dirfd_outside_the_share(target: Agent) -> None:
+    target.call("open", name="etc", path="/etc", flags=O_PATH)
+    assert target.call("n2h", dirfd="etc", path="passwd")["errno"] == errno.EACCES
+    assert target.call("n2h", dirfd="etc", path="", flags=0x1000)["errno"] == errno.EACCES
+
+
+def test_hard_link_to_outside_file_is_inside_by_its_link(target: Agent,
+                                                         world: World) -> None:
+    # Documented outcome: the inode has a name inside the share, so it is the share's.
+    htype, handle = signed(target, "hardlink_out")
+    r = target.call("obh", handle_type=htype, f_handle=handle.hex())
+    assert r["errno"] == 0
+    assert bytes.fromhex(r["head"]) == (world.outside / "secret").read_bytes()
+
+
 # --- mounts inside the share -----------------------------------------------------------------
-
-
 
 def test_mounts_inside_the_share(target: Agent, world: World, record: Recorder) -> None:
     main = world.main
@@ -187,6 +235,38 @@ def test_mounts_inside_the_share(target: Agent, world: World, record: Recorder) 
         target.call("open", name="procfd", path="/proc", flags=O_RDONLY)
         record(ESCAPES, "mount_fd on another filesystem (/proc)", errno.ESTALE,
                obh_errno(target, htype, handle, mount_fd="procfd"))
+
+
+@pytest.fixture
+def bind_mount(world: World) -> Iterator[Path]:
+    with mounted(world.main / "bindmnt", "--bind", str(world.outside)) as point:
+        yield point
+
+
+@pytest.fixture
+def tmpfs_inside(world: World) -> Iterator[Path]:
+    with mounted(world.main / "tmpfsmnt", "-t", "tmpfs", "-o", "mode=0755",
+                 "fhmon-test") as point:
+        (point / "f").write_text("on tmpfs\n")
+        (point / "f").chmod(0o644)
+        yield point
+
+
+def test_bind_mount_inside_share_gives_no_handles(bind_mount: Path,
+                                                  target: Agent) -> None:
+    assert target.call("n2h", path="bindmnt/secret")["errno"] == errno.EOPNOTSUPP
+    assert target.call("n2h", path="bindmnt")["errno"] == errno.EOPNOTSUPP
+
+
+def test_other_filesystem_inside_share_gives_no_handles(tmpfs_inside: Path,
+                                                        target: Agent) -> None:
+    assert target.call("n2h", path="tmpfsmnt/f")["errno"] == errno.EOPNOTSUPP
+
+
+def test_mount_fd_on_another_filesystem_is_stale(target: Agent) -> None:
+    htype, handle = signed(target, "file")
+    target.call("open", name="proc", path="/proc", flags=O_RDONLY)
+    assert obh_errno(target, htype, handle, mount_fd="proc") == errno.ESTALE
 
 
 # --- renames and hard links --------------------------------------------------------------------
@@ -239,6 +319,41 @@ def test_hard_link_to_a_file_outside(target: Agent, world: World, record: Record
             link.unlink()
 
 
+def test_directory_moved_out_of_the_share_is_stale(target: Agent,
+                                                   world: World) -> None:
+    inside = world.main / "movable"
+    outside = world.outside / "movable"
+    inside.mkdir(mode=0o755)
+    try:
+        htype, handle = signed(target, "movable")
+        assert obh_errno(target, htype, handle) == 0
+        os.rename(inside, outside)
+        assert obh_errno(target, htype, handle) == errno.ESTALE
+        os.rename(outside, inside)
+        assert obh_errno(target, htype, handle) == 0
+    finally:
+        for p in (inside, outside):
+            if p.exists():
+                p.rmdir()
+
+
+def test_file_moved_out_stays_openable_by_its_handle(target: Agent,
+                                                     world: World) -> None:
+    # Documented (NFS no_subtree_check): non-directories are trusted on their MAC.
+    inside = world.main / "movable_file"
+    outside = world.outside / "movable_file"
+    inside.write_text("moves\n")
+    inside.chmod(0o644)
+    try:
+        htype, handle = signed(target, "movable_file")
+        os.rename(inside, outside)
+        assert obh_errno(target, htype, handle) == 0
+    finally:
+        for p in (inside, outside):
+            if p.exists():
+                p.unlink()
+
+
 # --- a share that is the root of its own filesystem (no path check at all) ---------------------
 
 @pytest.fixture(scope="module")
@@ -271,3 +386,15 @@ def test_escapes_from_a_mount_root_share(mount_root_share: Path, spawn: Any, wor
            errno.ESTALE, obh_errno(agent, int(raw.handle_type or 0), raw.f_handle))
     record(ESCAPES, "mount-root share: raw kernel handle + 20 zero bytes", errno.ESTALE,
            obh_errno(agent, int(raw.handle_type or 0), raw.f_handle + b"\0" * 20))
+
+
+def test_share_that_is_a_mount_root(mount_root_share: Path, spawn: Any,
+                                    fhmon: Service) -> None:
+    agent: Agent = spawn(share=mount_root_share)
+    htype, handle = signed(agent, "d/f")
+    r = agent.call("obh", handle_type=htype, f_handle=handle.hex())
+    assert r["errno"] == 0 and bytes.fromhex(r["head"]) == b"mount-root share\n"
+    assert agent.call("n2h", path="..")["errno"] == errno.EACCES
+    assert agent.call("n2h", path="/etc/passwd")["errno"] == errno.EACCES
+    registered = [t for t in fhmon.status()["targets"] if t["share"] == str(mount_root_share)]
+    assert registered

@@ -34,9 +34,9 @@ import pytest
 
 from protocol import native
 from tests.adversarial.common import EXHAUSTION, errname, signed, wait_for, warm
-from tests.adversarial.conftest import Recorder
-from tests.conftest import Agent, Service, World
-from tests.handles import N2HResult
+from tests.adversarial.recording import Recorder
+from tests.support import Agent, Service, World
+from tests.support.handles import N2HResult
 
 REPS = 7
 CALLS = 1000

@@ -21,10 +21,11 @@ import pytest
 
 from protocol import native
 from tests.adversarial.common import FORGERY, TRAILER, errname, obh_errno, signed, wait_for
-from tests.adversarial.conftest import Baseline, Recorder
-from tests.conftest import FHMON, Agent, Service, World
-from tests.handles import N2HResult
-from tests.listeners import send_raw
+from tests.adversarial.guard import Baseline
+from tests.adversarial.recording import Recorder
+from tests.support import FHMON, Agent, Service, World
+from tests.support.handles import N2HResult
+from tests.support.listeners import send_raw
 
 
 @pytest.fixture
@@ -165,6 +166,52 @@ def test_kernel_handles_obtained_elsewhere(target: Agent, root_plain: Agent, wor
                errno.ESTALE, obh_errno(target, htype, raw.f_handle))
         record(FORGERY, f"raw kernel handle of {Path(path).name!r} + 20 zero bytes",
                errno.ESTALE, obh_errno(target, htype, raw.f_handle + b"\0" * TRAILER))
+
+
+# --- the same property in plain assertions (not rows of the table) ----------------------------
+
+def test_every_bit_flip_is_stale(target: Agent) -> None:
+    htype, good = signed(target, "file")
+    assert obh_errno(target, htype, good) == 0
+    for bit in range(len(good) * 8):
+        forged = bytearray(good)
+        forged[bit // 8] ^= 1 << (bit % 8)
+        assert obh_errno(target, htype, bytes(forged)) == errno.ESTALE, bit
+
+
+def test_random_truncated_extended_and_retyped(target: Agent) -> None:
+    htype, good = signed(target, "dir/inner")
+    rng = random.Random(7)
+    cases = [rng.randbytes(len(good)) for _ in range(50)]
+    cases += [good[:n] for n in range(1, len(good))]
+    cases += [good + b"\0", good + rng.randbytes(20), b"\0" * len(good)]
+    for forged in cases:
+        assert obh_errno(target, htype, forged) == errno.ESTALE, forged.hex()
+    assert obh_errno(target, htype + 1, good) == errno.ESTALE
+    assert obh_errno(target, htype, good, handle_bytes=len(good) - 4) == errno.ESTALE
+
+
+def test_a_raw_kernel_handle_is_stale(target: Agent, spawn: Any) -> None:
+    root: Agent = spawn("plain", user=None)
+    raw = N2HResult.of(root.call("n2h", path="file"))
+    assert raw.errno == 0
+    assert obh_errno(target, int(raw.handle_type or 0), raw.f_handle) == errno.ESTALE
+
+
+def test_handle_of_another_share_is_stale(spawn: Any, world: World) -> None:
+    a: Agent = spawn(share=world.main)
+    b: Agent = spawn(share=world.other)
+    htype, from_b = signed(b, "sub/theirs")
+    assert obh_errno(b, htype, from_b) == 0
+    assert obh_errno(a, htype, from_b) == errno.ESTALE
+    htype, from_a = signed(a, "file")
+    assert obh_errno(b, htype, from_a) == errno.ESTALE
+
+
+def test_handles_are_deterministic_across_targets(spawn: Any) -> None:
+    a: Agent = spawn()
+    b: Agent = spawn()
+    assert signed(a, "dir/deep/leaf") == signed(b, "dir/deep/leaf")
 
 
 # --- unknown and retired keys: a private fhmon whose key dir the test controls ----------------

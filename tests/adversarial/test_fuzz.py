@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from protocol import keeper, kernel, native, oci, signed_handle
 from tests.adversarial.common import FUZZING, O_PATH, errname, signed, warm
-from tests.adversarial.conftest import Recorder
-from tests.conftest import Agent, Service, World
-from tests.listeners import send_raw
+from tests.adversarial.recording import Recorder
+from tests.support import Agent, Service, World
+from tests.support.listeners import send_raw
 
 
 def budget(examples: int) -> settings:

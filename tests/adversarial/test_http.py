@@ -13,33 +13,27 @@ import array
 import contextlib
 import ctypes
 import os
-import select
 import socket
 import struct
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
 from monitor import seccomp_filter
 from tests.adversarial.common import EXHAUSTION, FUZZING, errname, wait_for
-from tests.adversarial.conftest import Recorder
-from tests.conftest import NOBODY, Agent, Service, World
-from tests.handles import N2HResult
-from tests.listeners import hello, send_raw
+from tests.adversarial.recording import Recorder
+from tests.support import NOBODY, Agent, Service, World
+from tests.support.handles import N2HResult
+from tests.support.http_attack import Attacker, free_port
+from tests.support.listeners import hello, send_raw
 
 SLOW_CONNECTIONS = 150
 FLOOD_CONNECTIONS = 300
 LOW_FD_LIMIT = 128  # the HTTP cap becomes 128 // 4 = 32 connections
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LimitedService(Service):
@@ -223,65 +217,6 @@ def test_resets_and_half_closes_at_every_point(metrics_endpoint: Endpoint,
     record(FUZZING, "metrics endpoint after resets", "scrape 200, target's calls answered",
            f"scrape {metrics_endpoint.scrape()}, target's calls "
            f"{metrics_endpoint.calls_answered()}")
-
-
-@dataclass
-class Attacker:
-    """Holds `count` connections open to a port in a thread; `trickle`: each sends one more
-    byte of a never-ending request head every `interval` (slowloris). Connections fhmon
-    closes are opened again."""
-
-    port: int
-    count: int
-    trickle: bool
-    interval: float = 0.2
-    opened: int = 0
-    timeouts: int = 0  # connections fhmon answered with 408
-    dropped: int = 0  # connections fhmon closed without an answer
-    stop: threading.Event = field(default_factory=threading.Event)
-    holding: int = 0
-
-    def run(self) -> None:
-        head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: "
-        socks: dict[socket.socket, int] = {}
-        try:
-            while not self.stop.is_set():
-                while len(socks) < self.count and not self.stop.is_set():
-                    s = socket.socket()
-                    s.settimeout(0.5)
-                    try:
-                        s.connect(("127.0.0.1", self.port))
-                    except OSError:
-                        s.close()
-                        break
-                    s.setblocking(False)
-                    socks[s] = 0
-                    self.opened += 1
-                self.holding = len(socks)
-                readable, _, _ = select.select(list(socks), [], [], self.interval)
-                for s in readable:
-                    try:
-                        data = s.recv(4096)
-                    except OSError:
-                        data = b""
-                    if b" 408 " in data[:20]:
-                        self.timeouts += 1
-                    elif not data:
-                        self.dropped += 1
-                    del socks[s]
-                    s.close()
-                if self.trickle:
-                    for s, sent in list(socks.items()):
-                        byte = head[sent:sent + 1] or b"a"
-                        try:
-                            s.send(byte)
-                            socks[s] = sent + 1
-                        except OSError:
-                            del socks[s]
-                            s.close()
-        finally:
-            for s in socks:
-                s.close()
 
 
 @contextlib.contextmanager

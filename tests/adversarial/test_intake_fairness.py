@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.adversarial.common import REGISTRATION, run_as_nobody, wait_for
-from tests.adversarial.conftest import Recorder
-from tests.conftest import FHMON, NOBODY, SYSTEM_PYTHON, Agent, Runner, Service, World
+from tests.adversarial.recording import Recorder
+from tests.support import FHMON, NOBODY, SYSTEM_PYTHON, Agent, Runner, Service, World
 
 # Opens N connections to the socket and holds them; after a moment reports how many fhmon
 # kept open (no EOF) and how many it closed at once; then holds them until stdin closes.

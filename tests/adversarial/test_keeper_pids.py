@@ -27,9 +27,9 @@ from pathlib import Path
 
 from monitor import fdpass, seccomp_filter
 from tests.adversarial.common import PRIVILEGE
-from tests.adversarial.conftest import Recorder
-from tests.conftest import SYSTEM_PYTHON, Service, World, wait_until
-from tests.kernel.test_keeper_orders import KeeperProc
+from tests.adversarial.recording import Recorder
+from tests.support import SYSTEM_PYTHON, Service, World, wait_until
+from tests.support.keeper import KeeperProc
 
 # The target: forks a child that stays (under the same filter) and writes its pid; exits.
 TARGET = """
@@ -184,7 +184,7 @@ def test_the_keeper_restarts_a_call_a_dead_fhmon_received(world: World) -> None:
         poll = select.poll()
         poll.register(listener, select.POLLIN)
         assert poll.poll(10_000), "the call never arrived"
-        stuck = Listener(listener).receive()  # received, never answered: as if fhmon died
+        stuck = Listener(listener).receive_ready()  # received, never answered: as if fhmon died
         assert stuck is not None
         os.close(listener)
         assert not select.select([out_r], [], [], 0.5)[0], "answered without anyone"

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.adversarial.common import EXHAUSTION, errname, signed, wait_for
-from tests.adversarial.conftest import Recorder
-from tests.conftest import FHMON, Agent, Service, World
+from tests.adversarial.recording import Recorder
+from tests.support import FHMON, Agent, Service, World
 
 PLANTED = "0badc0de.key"
 

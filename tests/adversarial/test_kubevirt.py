@@ -12,12 +12,16 @@ import trio
 import yaml
 
 from tests.adversarial.common import EXHAUSTION, FUZZING, PRIVILEGE
-from tests.adversarial.conftest import Recorder
-from tests.unit.test_kubevirt_bundle import bundle, needs_root, steal_from_launcher
-from tests.unit.test_kubevirt_inject import LAUNCHER_POD
-from tests.unit.test_kubevirt_webhook import LIMITS, Server, raw_exchange, review, server
-
-__all__ = ["bundle", "server"]  # fixtures
+from tests.adversarial.recording import Recorder
+from tests.support.kubevirt import (
+    LAUNCHER_POD,
+    LIMITS,
+    Server,
+    needs_root,
+    raw_exchange,
+    review,
+    steal_from_launcher,
+)
 
 
 @needs_root

@@ -22,9 +22,9 @@ import pytest
 
 from protocol import native
 from tests.adversarial.common import REGISTRATION, errname, wait_for
-from tests.adversarial.conftest import Recorder
-from tests.conftest import FHMON, Agent, Service, World
-from tests.listeners import FilteredChild, filtered_child, hello, send_raw
+from tests.adversarial.recording import Recorder
+from tests.support import FHMON, Agent, Service, World
+from tests.support.listeners import FilteredChild, filtered_child, hello, send_raw
 
 BUSY_WORDS = "already runs under another seccomp notify listener"
 

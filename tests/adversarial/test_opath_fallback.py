@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from tests.adversarial.common import O_DIRECTORY, O_PATH, O_RDONLY, PRIVILEGE, errname, obh, signed
-from tests.adversarial.conftest import Recorder
-from tests.conftest import NOBODY, Agent, World
-from tests.mounts import mounted
+from tests.adversarial.recording import Recorder
+from tests.support import NOBODY, Agent, World
+from tests.support.mounts import mounted
 
 
 def populate(where: Path) -> None:

@@ -40,9 +40,9 @@ from tests.adversarial.common import (
     signed,
     warm,
 )
-from tests.adversarial.conftest import Recorder
-from tests.conftest import Agent, Service, World
-from tests.handles import N2HResult
+from tests.adversarial.recording import Recorder
+from tests.support import Agent, Service, World
+from tests.support.handles import N2HResult
 
 FLAG_NAMES = {O_WRONLY: "O_WRONLY", O_RDWR: "O_RDWR", O_TRUNC: "O_TRUNC",
               O_APPEND: "O_APPEND", O_NOATIME: "O_NOATIME", O_PATH: "O_PATH",
@@ -245,7 +245,7 @@ USERNS_TITLE = "A target in its own user namespace gets fhmon's CAP_DAC_READ_SEA
 USERNS_FIX = (
     "count a target's capabilities only when its user namespace is the initial one (compare "
     "/proc/TID/ns/user with fhmon's own), else act with no capabilities; same for the "
-    "registering client's credentials in pin_share. In monitor/target.py read_status / "
+    "registering client's credentials in pin_share. In monitor/proc_status.py read_status / "
     "monitor/credentials.py.")
 
 

@@ -27,9 +27,10 @@ import pytest
 
 from protocol import native
 from tests.adversarial.common import REGISTRATION, errname, run_as_nobody, wait_for
-from tests.adversarial.conftest import Baseline, Recorder
-from tests.conftest import NOBODY, Runner, Service, World
-from tests.listeners import FilteredChild, filtered_child, hello, send_raw
+from tests.adversarial.guard import Baseline
+from tests.adversarial.recording import Recorder
+from tests.support import NOBODY, Runner, Service, World
+from tests.support.listeners import FilteredChild, filtered_child, hello, send_raw
 
 
 @pytest.fixture
@@ -427,7 +428,8 @@ USERNS_CLIENT_BUG = (
 USERNS_CLIENT_TITLE = "A client in its own user namespace registers a share it cannot read"
 USERNS_CLIENT_FIX = (
     "ignore the peer's capabilities unless its user namespace is fhmon's own (compare "
-    "/proc/PID/ns/user), in monitor/server.py _register / monitor/target.py read_status.")
+    "/proc/PID/ns/user), in monitor/registration.py check_registration / "
+    "monitor/proc_status.py read_status.")
 
 
 @pytest.mark.finding(USERNS_CLIENT_TITLE, USERNS_CLIENT_FIX)

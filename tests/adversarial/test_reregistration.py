@@ -24,17 +24,10 @@ import pytest
 
 from protocol import native
 from tests.adversarial.common import REGISTRATION, errname, n2h_errno, obh_errno, signed
-from tests.adversarial.conftest import Recorder
-from tests.conftest import FHMON, Agent, Service, World, wait_until
-from tests.listeners import filtered_child, send_raw
-
-
-class NamespaceAgent(Agent):
-    """The agent under `fhmon launch`, as uid 65534 through `unshare -Urm`: root of its own
-    user and mount namespace, which it may rearrange."""
-
-    def __init__(self, world: World, socket: str, share: Path) -> None:
-        super().__init__(world, "fhmon", share, socket, through=["unshare", "-Urm"])
+from tests.adversarial.recording import Recorder
+from tests.support import FHMON, Agent, Service, World, wait_until
+from tests.support.agent import NamespaceAgent
+from tests.support.listeners import filtered_child, send_raw
 
 
 @pytest.fixture

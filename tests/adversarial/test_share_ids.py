@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from tests.adversarial.common import FORGERY, O_DIRECTORY, obh, obh_errno, signed
-from tests.adversarial.conftest import Recorder
-from tests.conftest import Agent, World
-from tests.handles import N2HResult
+from tests.adversarial.recording import Recorder
+from tests.support import Agent, World
+from tests.support.handles import N2HResult
 
 GENERATION = "4242"  # the same i_generation on both (chattr -v; needs no metadata_csum)
 

@@ -35,8 +35,8 @@ from tests.adversarial.common import (
     obh_errno,
     signed,
 )
-from tests.adversarial.conftest import Recorder
-from tests.conftest import Agent, Service, World
+from tests.adversarial.recording import Recorder
+from tests.support import Agent, Service, World
 
 
 @contextlib.contextmanager

@@ -22,8 +22,8 @@ import pytest
 
 from protocol import native
 from tests.adversarial.common import REGISTRATION, wait_for
-from tests.adversarial.conftest import Recorder
-from tests.conftest import FHMON, NOBODY, SYSTEM_PYTHON, Agent, Service, World
+from tests.adversarial.recording import Recorder
+from tests.support import FHMON, NOBODY, SYSTEM_PYTHON, Agent, Service, World
 
 # An impostor fhmon: binds the path, and for every connection reports what came in (bytes
 # and fds) on stdout, then answers a well-formed ACCEPT to lure the client on.

@@ -10,26 +10,17 @@ from __future__ import annotations
 import json
 import subprocess
 
-from protocol import native
 from tests.adversarial.common import EXHAUSTION
-from tests.adversarial.conftest import Recorder
-from tests.conftest import FHMON, Service, World
-from tests.listeners import FilteredChild, filtered_child, hello, send_raw
+from tests.adversarial.recording import Recorder
+from tests.support import FHMON, Service, World
+from tests.support.listeners import registered_children
 
 TARGETS = 120
 
 
 def test_status_with_more_targets_than_a_frame_holds(fhmon: Service, world: World,
                                                      record: Recorder) -> None:
-    children: list[FilteredChild] = []
-    try:
-        for _ in range(TARGETS):
-            child = filtered_child()
-            children.append(child)
-            answer = native.decode_one(send_raw(fhmon.socket, hello(str(world.main),
-                                                                    child.pid),
-                                                [child.listener]))
-            assert isinstance(answer, native.Accept), answer
+    with registered_children(fhmon.socket, str(world.main), TARGETS) as children:
         res = subprocess.run([FHMON, "status", "--socket", fhmon.socket, "--json"],
                              capture_output=True, text=True, timeout=60)
         listed = ({t["pid"] for t in json.loads(res.stdout)["targets"]}
@@ -40,6 +31,3 @@ def test_status_with_more_targets_than_a_frame_holds(fhmon: Service, world: Worl
                f"exit {res.returncode}, {len(listed & mine)} of {TARGETS} listed"
                + (f": {res.stderr.strip()[:80]}" if res.returncode else ""),
                ok=res.returncode == 0 and mine <= listed)
-    finally:
-        for child in children:
-            child.close()

@@ -31,9 +31,9 @@ from tests.adversarial.common import (
     signed,
     wait_for,
 )
-from tests.adversarial.conftest import Recorder
-from tests.conftest import Agent, Service, World, thread_syscalls
-from tests.handles import N2HResult
+from tests.adversarial.recording import Recorder
+from tests.support import Agent, Service, World, thread_syscalls
+from tests.support.handles import N2HResult
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_target_killed_mid_call(spawn: Any, world: World, fhmon: Service, record
 
 DEATH_BUG = (
     "BUG: a target killed while fhmon reads its memory makes process_vm_readv fail with "
-    "ESRCH; fhmon (monitor/linux.py process_vm_read[_one], monitor/target.py read_exact / "
+    "ESRCH; fhmon (monitor/linux.py process_vm_read[_one], monitor/target_thread.py read_exact / "
     "read_path / write) raises it as an unexpected OSError: the dispatcher logs a handler "
     "traceback and answers EIO, where docs/semantics.md says the call of a dying target is "
     "dropped. Harmless to other targets, but any target can put tracebacks and EIO counts "

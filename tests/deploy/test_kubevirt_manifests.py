@@ -11,18 +11,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from monitor.kubevirt import inject
-from tests.deploy.test_manifests import (
-    K8S_VERSIONS,
-    NAMESPACE,
-    OVERLAYS,
-    ds_socket,
-    key,
-    one,
-    render,
-    run_fhmon,
-)
-from tests.unit.test_kubevirt_inject import LAUNCHER_POD
+from monitor.kubevirt import containers, inject
+from tests.deploy.flags import ds_socket, run_fhmon
+from tests.deploy.render import K8S_VERSIONS, NAMESPACE, OVERLAYS, key, one, render
+from tests.support.kubevirt import LAUNCHER_POD
 
 OVERLAY = OVERLAYS / "kubevirt"
 
@@ -148,12 +140,12 @@ def test_injected_pod_fits_the_cluster(overlay: list[dict[str, Any]]) -> None:
     the result is a valid Pod for every Kubernetes version the manifests target."""
     daemonset = one(overlay, "DaemonSet")
     args = webhook_container(named(overlay, "Deployment", "fhmon-webhook"))["args"]
-    settings = inject.Settings(image=flag(args, "--image"))
+    settings = containers.Settings(image=flag(args, "--image"))
     assert settings.socket == ds_socket(daemonset)
     pod = yaml.safe_load(inject.inject(LAUNCHER_POD, settings))
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(pod, version, strict=True)
-    init = next(c for c in pod["spec"]["initContainers"] if c["name"] == inject.LAUNCHER_INIT)
+    init = next(c for c in pod["spec"]["initContainers"] if c["name"] == containers.LAUNCHER_INIT)
     assert init["image"] == webhook_container(named(overlay, "Deployment",
                                                     "fhmon-webhook"))["image"]
 
@@ -207,7 +199,7 @@ def check_device_plugin(daemonset: dict[str, Any]) -> list[str]:
     args = plugin["args"]
     if args[0] != "device-plugin":
         problems.append("the container does not run `fhmon device-plugin`")
-    settings = inject.Settings()
+    settings = containers.Settings()
     if flag(args, "--resource") != settings.resource:
         problems.append("--resource is not the resource fhmon inject requests")
     socket = ds_socket(daemonset)

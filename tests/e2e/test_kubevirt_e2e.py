@@ -30,9 +30,9 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.kubevirt import deviceplugin, inject
+from monitor.kubevirt import containers, deviceplugin, inject
 from protocol import deviceplugin as api
-from tests.unit.test_kubevirt_inject import LAUNCHER_POD
+from tests.support.kubevirt import LAUNCHER_POD
 
 from . import expect, harness
 
@@ -103,8 +103,8 @@ def user_of(c: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_injected_virt_launcher_pod_serves_the_guest_with_fhmon(e2e_env: harness.Env) -> None:
-    pod = yaml.safe_load(inject.inject(LAUNCHER_POD, inject.Settings()))
-    init = container(pod, inject.LAUNCHER_INIT, init=True)
+    pod = yaml.safe_load(inject.inject(LAUNCHER_POD, containers.Settings()))
+    init = container(pod, containers.LAUNCHER_INIT, init=True)
     virtiofs = container(pod, "virtiofs-data")
     assert virtiofs["resources"]["limits"]["devices.kubevirt.io/fhmon"] == "1"
     mount = device_plugin_mount()

@@ -21,7 +21,7 @@ NEUTRAL = 1 << CAP_KILL | 1 << CAP_SETGID | 1 << CAP_SETUID | 1 << CAP_SYS_PTRAC
 PROBE = """
 import json, sys
 from monitor import credentials, hardening, linux
-from monitor.target import Credentials
+from monitor.proc_status import Credentials
 if sys.argv[1] == "hardened":
     hardening.drop_capabilities()
 creds = Credentials(65534, 65534, (), int(sys.argv[2]))

@@ -1,6 +1,6 @@
 import subprocess
 
-from tests.conftest import FHMON
+from tests.support import FHMON
 
 
 def test_demo_shows_a_handle_a_forgery_and_an_escape() -> None:

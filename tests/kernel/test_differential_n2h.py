@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Agent, World
-from tests.handles import CANARY, TRAILER, N2HResult
+from tests.support import Agent, World
+from tests.support.handles import CANARY, TRAILER, N2HResult
 
 AT_SYMLINK_FOLLOW = 0x400
 AT_EMPTY_PATH = 0x1000

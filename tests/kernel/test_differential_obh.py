@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Agent, World
-from tests.handles import TRAILER, N2HResult
+from tests.support import Agent, World
+from tests.support.handles import TRAILER, N2HResult
 
 O_RDONLY, O_WRONLY, O_RDWR = 0, 1, 2
 O_DIRECTORY, O_PATH, O_CLOEXEC = 0o200000, 0o10000000, 0o2000000
@@ -226,3 +226,29 @@ def test_o_path_on_own_inodes_without_permission(trio_of_agents: tuple[Agent, Ag
         xdir.rmdir()
         mine.unlink()
         theirs.unlink()
+
+
+@pytest.mark.parametrize("then", [("opath", ".", O_PATH, errno.EBADF),
+                                  ("procfs", "/proc", O_RDONLY, errno.ESTALE),
+                                  ("share again", ".", O_RDONLY | O_DIRECTORY, 0)])
+def test_a_mount_fd_number_reused_for_another_file(trio_of_agents: tuple[Agent, Agent, Agent],
+                                                   then: tuple[str, str, int, int]) -> None:
+    """fhmon remembers the target's last mount_fd (one kcmp instead of pidfd_getfd, F_GETFL,
+    fstat, close); the target then closes that fd and opens something else under the same
+    number. The answer must be the kernel's for what the number names now, not for what it
+    named (a memo keyed on the number alone answers the O_PATH and /proc cases 0)."""
+    fh, _, root = trio_of_agents
+    _, name, flags, expected = then
+    htype, signed, raw = handles(fh, root, "file")
+    answers = []
+    for agent, f_handle in ((root, raw), (fh, signed)):
+        first = agent.call("open", name="mnt", path=".", flags=O_RDONLY | O_DIRECTORY)
+        ok = agent.call("obh", f_handle=f_handle.hex(), handle_type=htype, mount_fd="mnt")
+        agent.call("close", name="mnt")
+        again = agent.call("open", name="mnt", path=name, flags=flags)
+        assert again["ret"] == first["ret"], (first, again)  # the same number, reused
+        got = agent.call("obh", f_handle=f_handle.hex(), handle_type=htype, mount_fd="mnt")
+        agent.call("close", name="mnt")
+        assert ok["errno"] == 0, ok
+        answers.append(got["errno"])
+    assert answers == [expected, expected], answers

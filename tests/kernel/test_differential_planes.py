@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import NOBODY, Agent, Service, World
-from tests.handles import N2HResult
-from tests.mounts import mounted
+from tests.support import NOBODY, Agent, Service, World
+from tests.support.handles import N2HResult
+from tests.support.mounts import mounted
 
 AT_SYMLINK_FOLLOW = 0x400
 AT_EMPTY_PATH = 0x1000

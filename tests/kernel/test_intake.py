@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from protocol import native
-from tests.conftest import FHMON, Agent, Runner, Service, World
-from tests.handles import N2HResult
-from tests.listeners import FilteredChild, filtered_child, hello, send_raw
+from tests.support import FHMON, Agent, Runner, Service, World
+from tests.support.handles import N2HResult
+from tests.support.listeners import FilteredChild, filtered_child, hello, send_raw
 
 
 @pytest.fixture
@@ -212,7 +212,7 @@ class TestUnprivilegedClients:
         try:
             script = (
                 "import socket, array, sys\n"
-                "from tests.listeners import send_raw, hello\n"
+                "from tests.support.listeners import send_raw, hello\n"
                 f"print(send_raw({strict_fhmon.socket!r}, hello({str(world.main)!r}, 1), "
                 "[int(sys.argv[1])]).hex())\n")
             fd = os.dup(child.listener)

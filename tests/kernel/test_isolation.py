@@ -9,8 +9,8 @@ import threading
 import time
 from typing import Any
 
-from tests.conftest import Agent, Service, wait_until
-from tests.handles import N2HResult
+from tests.support import Agent, Service, wait_until
+from tests.support.handles import N2HResult
 
 
 def test_concurrent_multithreaded_targets(spawn: Any) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FHMON, Agent, Service, World, wait_until
-from tests.handles import N2HResult
+from tests.support import FHMON, Agent, Service, World, wait_until
+from tests.support.handles import N2HResult
 
 
 @pytest.fixture

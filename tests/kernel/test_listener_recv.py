@@ -1,7 +1,7 @@
 """RECV without a poll first: the kernel behaviour the dispatch thread rests on.
 
 The dispatch thread RECVs straight after epoll reports a call on a listener it alone
-receives from (monitor/dispatch_thread.py). RECV ignores O_NONBLOCK, so this is safe only
+receives from (monitor/answer_loop.py). RECV ignores O_NONBLOCK, so this is safe only
 if a call withdrawn between the two (its caller was signalled, or died) leaves RECV
 answering ENOENT at once instead of sleeping until the next call. These tests hold the
 kernel to that, then make the withdrawal happen while the dispatch thread holds the event:
@@ -22,10 +22,10 @@ from collections.abc import Iterator
 import pytest
 
 from monitor import seccomp_filter
-from monitor.dispatch_thread import DispatchThread
+from monitor.answer_loop import PythonAnswerLoop
 from monitor.listener import Listener, SharedReceiveLock
 from protocol import kernel
-from tests.conftest import NOBODY, SYSTEM_PYTHON, thread_syscalls, wait_until
+from tests.support import NOBODY, SYSTEM_PYTHON, thread_syscalls, wait_until
 
 # One name_to_handle_at (trapped by the filter), its result into a pipe, then a long sleep.
 # SIGUSR1 has a handler (Python sets no SA_RESTART): it withdraws the waiting call, which
@@ -148,7 +148,7 @@ def test_dispatch_thread_survives_a_call_withdrawn_before_its_recv(
         answered.append(notif.pid)
         target.listener.respond(notif.id, error=ANSWER)
 
-    dispatch = DispatchThread(answer)  # type: ignore[arg-type]  # needs only .listener
+    dispatch = PythonAnswerLoop(answer)  # type: ignore[arg-type]  # needs only .listener
     # Added before the thread first waits: a listener added during a wait is polled first.
     for caller in (withdrawn, other):
         dispatch.add(_Served(caller.listener), lambda: None)  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ import pytest
 from monitor import policy, seccomp_filter
 from monitor.handlers.name_to_handle_at import ACCEPTED_FLAGS
 from monitor.metrics import LATENCY_BUCKETS
-from tests.conftest import NOBODY, World
+from tests.support import NOBODY, World
 
 _native = pytest.importorskip("monitor._native")
 

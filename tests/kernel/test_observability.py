@@ -16,8 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import FHMON, Agent, Service, World, wait_until
-from tests.handles import N2HResult
+from tests.support import FHMON, Agent, Service, World, wait_until
+from tests.support.handles import N2HResult
 
 
 def free_port() -> int:

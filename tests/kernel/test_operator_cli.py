@@ -14,7 +14,7 @@ import pytest
 
 from monitor import config as cfg
 from monitor.cli import build_parser
-from tests.conftest import FHMON, NOBODY, Runner, Service, World
+from tests.support import FHMON, NOBODY, Runner, Service, World
 
 
 def run(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import Agent, Service, World
-from tests.handles import N2HResult
+from tests.support import Agent, Service, World
+from tests.support.handles import N2HResult
 
 
 def lowest_free_fd(pid: int) -> int:

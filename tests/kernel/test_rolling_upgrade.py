@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,8 @@ from typing import Any
 import yaml
 
 from monitor import signing
-from tests.conftest import FHMON, Agent, Service, World
-from tests.handles import N2HResult
+from tests.support import FHMON, Agent, Service, World
+from tests.support.load import Load, start_and_see_it_register
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "deploy" / "base"
@@ -127,10 +126,6 @@ class Node:
         return time.monotonic() - started
 
 
-def registrations(service: Service) -> int:
-    return sum(1 for e in service.events() if e.get("event") == "target_registered")
-
-
 def test_rolling_upgrade_under_load_loses_no_call(world: World, tmp_path: Path) -> None:
     node = Node(world, tmp_path / "node", world.base / "rolling")
     assert node.spec["updateStrategy"]["type"] == "RollingUpdate"
@@ -141,23 +136,11 @@ def test_rolling_upgrade_under_load_loses_no_call(world: World, tmp_path: Path) 
     assert service.socket == node.socket  # the DaemonSet's socket, mapped
     agent = Agent(world, "fhmon", world.main, node.socket)
     try:
-        h = N2HResult.of(agent.call("n2h", path="dir/inner"))
-        assert h.errno == 0
-        before = agent.call("fdcount")["fds"]
-        obh = {"handle_type": h.handle_type, "f_handle": h.f_handle.hex()}
-        outcome: dict[str, Any] = {}
-        done = world.base / "rolling.done"
-
-        def hammer() -> None:
-            outcome["result"] = agent.call("hammer", op2="mix", path="dir/inner", obh=obh,
-                                           until=str(done), threads=THREADS)
-
-        worker = threading.Thread(target=hammer)
-        worker.start()
+        load = Load(agent, world.base / "rolling.done", THREADS)
         stops: list[float] = []
         for round_ in range(UPGRADES):
             time.sleep(0.3)
-            assert worker.is_alive(), f"the load ended before upgrade {round_ + 1}"
+            assert load.worker.is_alive(), f"the load ended before upgrade {round_ + 1}"
             # The old pod: every container gets SIGTERM at once.
             started = time.monotonic()
             code = service.stop(signal.SIGTERM)
@@ -167,23 +150,13 @@ def test_rolling_upgrade_under_load_loses_no_call(world: World, tmp_path: Path) 
             # The new pod: the init container, then the containers.
             node.run_init()
             node.start_keeper()
-            expected = registrations(service) + 1
-            service.start()
-            deadline = time.monotonic() + 30
-            while registrations(service) < expected and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert registrations(service) >= expected, "the launcher did not register again"
-        time.sleep(0.3)
-        done.touch()
-        worker.join(timeout=180)
-        assert not worker.is_alive(), "a target thread hung across the upgrades"
-        result = outcome["result"]
-        assert result["ended_by_until"], "the load stopped before the upgrades were over"
+            start_and_see_it_register(service)
+        result = load.finish("upgrades")
         total = sum(result["results"].values())
         assert total > 0 and result["results"] == {"0": total}, result
         assert max(stops) < node.grace, f"fhmon took {max(stops):.1f}s to stop after SIGTERM"
-        assert agent.call("obh", **obh)["errno"] == 0
-        assert agent.call("fdcount")["fds"] == before, "fds leaked into the target"
+        assert agent.call("obh", **load.obh)["errno"] == 0
+        assert agent.call("fdcount")["fds"] == load.fds_before, "fds leaked into the target"
         print(f"rolling upgrade: {UPGRADES} upgrades, {total} calls, all answered; "
               f"fhmon stopped {max(stops) * 1000:.0f} ms after SIGTERM at most")
     finally:

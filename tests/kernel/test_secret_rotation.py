@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from monitor import signing
-from tests.conftest import Agent, Service, World, wait_until
-from tests.handles import N2HResult
+from tests.support import Agent, Service, World, wait_until
+from tests.support.handles import N2HResult
 
 SECRET_MODE = 0o400  # the DaemonSet's defaultMode (tests/deploy checks it)
 

@@ -1,4 +1,4 @@
-from tests.conftest import Agent, Service, World
+from tests.support import Agent, Service, World
 
 
 def test_handle_roundtrip(spawn, world: World, fhmon: Service) -> None:

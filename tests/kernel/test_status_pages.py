@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from protocol import native
-from tests.conftest import FHMON, Service, World
-from tests.listeners import FilteredChild, filtered_child, hello, send_raw
+from tests.support import FHMON, Service, World
+from tests.support.listeners import FilteredChild, registered_children
 
 TARGETS = 200
 
@@ -25,19 +25,10 @@ TARGETS = 200
 @pytest.fixture
 def many(world: World) -> Iterator[tuple[Service, list[FilteredChild]]]:
     service = Service(world.base, [str(world.shares / "*")], name="status-pages")
-    children: list[FilteredChild] = []
     try:
-        for _ in range(TARGETS):
-            child = filtered_child()
-            children.append(child)
-            answer = native.decode_one(send_raw(service.socket, hello(str(world.main),
-                                                                      child.pid),
-                                                [child.listener]))
-            assert isinstance(answer, native.Accept), answer
-        yield service, children
+        with registered_children(service.socket, str(world.main), TARGETS) as children:
+            yield service, children
     finally:
-        for child in children:
-            child.close()
         service.stop()
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Agent, wait_until
-from tests.handles import N2HResult
+from tests.support import Agent, wait_until
+from tests.support.handles import N2HResult
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 AT_EMPTY_PATH = 0x1000
@@ -94,7 +94,7 @@ def test_a_full_cache_takes_no_new_entry_and_never_sweeps_on_put(
     import threading
 
     from monitor import linux
-    from monitor.target import ThreadCache
+    from monitor.thread_cache import ThreadCache
     from protocol import kernel
 
     first_end, rest_end = threading.Event(), threading.Event()

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from protocol import kernel
-from tests.conftest import Agent, Service, World, thread_syscalls, wait_until
-from tests.handles import N2HResult
+from tests.support import Agent, Service, World, thread_syscalls, wait_until
+from tests.support.handles import N2HResult
 
 KEPT_CAPS = sum(1 << c for c in (2, 5, 6, 7, 19))  # as test_observability checks for serve
 
@@ -35,17 +35,28 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.fixture()
-def workers_service(world: World, tmp_path: Path) -> Service:
+def start_workers(world: World, tmp_path: Path, plane: str) -> Service:
     config = tmp_path / "workers.toml"
-    config.write_text("workers = 2\n")
+    config.write_text(f'workers = 2\ndata_plane = "{plane}"\n')
     config.chmod(0o644)
     return Service(world.base, [str(world.shares / "*")], name=f"workers-{tmp_path.name}",
                    extra=["--config", str(config)])
 
 
-def test_workers_answer_and_report(world: World, workers_service: Service) -> None:
-    service = workers_service
+@pytest.fixture(params=["native", "python"])
+def workers_service(world: World, tmp_path: Path, request: pytest.FixtureRequest) -> Service:
+    """Workers answer on the configured data plane, either of the two."""
+    return start_workers(world, tmp_path, request.param)
+
+
+@pytest.fixture()
+def python_workers_service(world: World, tmp_path: Path) -> Service:
+    return start_workers(world, tmp_path, "python")
+
+
+@pytest.mark.parametrize("plane", ["native", "python"])
+def test_workers_answer_and_report(world: World, tmp_path: Path, plane: str) -> None:
+    service = start_workers(world, tmp_path, plane)
     agent = Agent(world, "fhmon", world.main, service.socket)
     try:
         status = service.status()
@@ -74,7 +85,12 @@ def test_workers_answer_and_report(world: World, workers_service: Service) -> No
         # serve answers nothing itself in this mode: these counts can only come from reports
         assert wait_until(reported, timeout=5), service.status()
         target = service.status()["targets"][0]
-        assert target["calls"] == 22
+        if plane == "python":
+            assert target["calls"] == 22
+        else:  # the workers' own native threads wait in RECV, fhmon serve's none
+            assert wait_until(lambda: all(threads_in_recv(pid) for pid in workers))
+            assert threads_in_recv(service.pid) == []
+        # the native plane counts by syscall and result, not by target (nor in fhmon serve)
     finally:
         agent.close()
         assert service.stop() == 0, service.log_text()[-3000:]
@@ -128,11 +144,12 @@ def threads_in_recv(pid: int) -> list[int]:
 
 
 def test_no_worker_sleeps_in_recv_once_the_calls_stop(world: World,
-                                                      workers_service: Service) -> None:
-    """Two workers wait on the same listener; both may see one call. The one that does not
-    get it must not sleep in RECV (until the target's next call, away from every other
-    listener) but go back to waiting on all of them."""
-    service = workers_service
+                                                      python_workers_service: Service) -> None:
+    """Python plane: two workers wait on the same listener; both may see one call. The one
+    that does not get it must not sleep in RECV (until the target's next call, away from
+    every other listener) but go back to waiting on all of them. (The native plane's
+    threads sleep in RECV by design: each on its own target's listener only.)"""
+    service = python_workers_service
     agent = Agent(world, "fhmon", world.main, service.socket)
     try:
         workers = service.status()["workers"]

@@ -16,9 +16,9 @@ from monitor.config import Config, ConfigError, apply, finish
 
 FAST = settings(max_examples=200, deadline=None)
 
-ALL_KEYS = ["allow", "data_plane", "data_plane_threads", "dispatch_thread",
+ALL_KEYS = ["allow", "data_plane", "data_plane_threads",
             "drop_capabilities", "keeper_socket", "key_dir", "log_level", "max_connections",
-            "max_connections_per_uid", "max_targets", "metrics_address", "recv_thread",
+            "max_connections_per_uid", "max_targets", "metrics_address",
             "registration_timeout", "sandbox", "signing", "socket", "socket_group",
             "socket_mode", "socket_owner", "state_dir", "sync_wakeup", "workers"]
 
@@ -348,8 +348,6 @@ def test_to_toml_default_text() -> None:
         'state_dir = ""\n'
         'keeper_socket = ""\n'
         "drop_capabilities = true\n"
-        "recv_thread = false\n"
-        "dispatch_thread = true\n"
         "workers = 0\n"
         "sandbox = false\n"
         'data_plane = "native"\n'
@@ -456,3 +454,12 @@ def test_data_plane_threads_bounded(value: Any) -> None:
     assert _apply({"data_plane_threads": 4}).data_plane_threads == 4
     with pytest.raises(ConfigError, match="data_plane_threads"):
         _apply({"data_plane_threads": value})
+
+
+@pytest.mark.parametrize("key", ["recv_thread", "dispatch_thread"])
+@pytest.mark.parametrize("value", [True, False])
+def test_retired_answering_modes_are_refused_with_the_reason(key: str, value: bool) -> None:
+    """A config written for a retired answering mode must not silently run another one."""
+    with pytest.raises(ConfigError, match=f"test.toml: config key '{key}' was retired: .*"
+                       r"us of CPU per .*docs/performance.md"):
+        _apply({key: value})

@@ -10,7 +10,7 @@ import pytest
 from monitor import dataplane
 from monitor.calls import Answerer
 from monitor.config import Config
-from monitor.handlers.registry import Dispatcher
+from monitor.handlers.registry import HandlerRegistry
 from monitor.metrics import CallStats
 from monitor.signing import KeyRing
 
@@ -18,7 +18,7 @@ from monitor.signing import KeyRing
 def _make(plane: str) -> dataplane.DataPlane:
     keys = KeyRing({1: bytes(range(32))}, 1)
     return dataplane.make_data_plane(Config(data_plane=plane),
-                                     Answerer(Dispatcher(), lambda: keys, True), CallStats(),
+                                     Answerer(HandlerRegistry(), lambda: keys, True), CallStats(),
                                      keys)
 
 

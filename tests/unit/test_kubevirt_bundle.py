@@ -9,13 +9,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from monitor.kubevirt import inject as kv
+from monitor.kubevirt import containers
+from tests.support.kubevirt import launcher_argv, needs_root, steal_from_launcher
 
 CLONE_NEWNS = 0x20000
 MS_REC, MS_PRIVATE = 0x4000, 0x40000
@@ -35,33 +33,6 @@ def _hide_the_installer() -> None:
     for path in hidden:
         if libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", 0, None) != 0:
             raise OSError(ctypes.get_errno(), f"mount tmpfs on {path!r}")
-
-
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
-
-
-def launcher_argv(root: Path, *args: str) -> list[str]:
-    """The injected command line, with the launcher directory moved to `root`."""
-    command = kv.launcher_command(kv.Settings(), "/data")
-    moved = [a.replace(kv.LAUNCHER_DIR, str(root)) for a in command]
-    return moved[:moved.index("launch")] + list(args)
-
-
-@pytest.fixture(scope="module")
-def bundle() -> Iterator[Path]:
-    # Readable by other users (pytest's tmp dirs are 0700): the launcher runs as one.
-    parent = Path(tempfile.mkdtemp(prefix="fhmon-bundle-", dir="/tmp"))
-    parent.chmod(0o755)
-    root = parent / "launcher"
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "monitor.cli", "install-launcher", str(root)],
-            capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
-        assert "monitor" in result.stderr and "trio" in result.stderr
-        yield root
-    finally:
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def test_layout(bundle: Path) -> None:
@@ -112,62 +83,6 @@ def test_reinstall_starts_clean(bundle: Path, tmp_path: Path) -> None:
 
     made = install_launcher(root)
     assert not (root / "stale").exists() and made.size > 10 * 2**20
-
-
-PROBE = """
-import ctypes, errno, os
-libc = ctypes.CDLL(None, use_errno=True)
-pidfd = os.pidfd_open(os.getppid())
-got = libc.syscall(438, pidfd, 3, 0)  # pidfd_getfd(the launcher, its fd 3, 0)
-print("pidfd_getfd", got, errno.errorcode.get(ctypes.get_errno(), "0") if got < 0 else "ok")
-"""
-
-
-def steal_from_launcher(bundle: Path, uid: int = 65534) -> list[str]:
-    """Run PROBE as `uid` under the bundled launcher (a fake fhmon accepts the registration):
-    the child's pidfd_getfd() of its launcher's fd 3, as ["pidfd_getfd", result, errno]."""
-    import socket as so
-
-    from protocol import native
-
-    base = Path(tempfile.mkdtemp(prefix="fhmon-bundle-", dir="/tmp"))
-    base.chmod(0o755)
-    try:
-        sock_path = base / "fhmon.sock"
-        server = so.socket(so.AF_UNIX, so.SOCK_STREAM)
-        server.bind(str(sock_path))
-        sock_path.chmod(0o777)
-        server.listen()
-        server.settimeout(30)
-        argv = launcher_argv(bundle, "launch", "--socket", str(sock_path), "--share", str(base),
-                             "--", sys.executable, "-I", "-c", PROBE)
-        proc = subprocess.Popen(argv, env={}, user=uid, group=uid, extra_groups=[],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            conn, _ = server.accept()
-            conn.settimeout(30)
-            decoder = native.FrameDecoder()
-            fds: list[int] = []
-            while (hello := decoder.next_message()) is None:
-                data, got, _, _ = so.recv_fds(conn, 65536, 4)
-                fds += got
-                assert data, "the launcher hung up"
-                decoder.feed(data)
-            assert isinstance(hello, native.Hello) and len(fds) == 1
-            for fd in fds:
-                os.close(fd)
-            conn.sendall(native.encode(native.Accept(1, bytes(32), "ok")))
-            out, err = proc.communicate(timeout=60)
-            conn.close()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            server.close()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-    assert proc.returncode == 0, err
-    return out.split()
 
 
 @needs_root
@@ -224,16 +139,16 @@ def test_registers_again_through_the_read_only_socket_directory(bundle: Path) ->
         server.settimeout(30)
         return server
 
-    settings = kv.Settings()
+    settings = containers.Settings()
     spec = {"root": str(base / "root"), "host": ["/usr", "/etc", "/dev", "/proc"],
             "links": {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64",
                       "sbin": "usr/sbin"},
-            "mounts": [{"source": str(bundle), "target": kv.LAUNCHER_DIR, "readonly": True},
+            "mounts": [{"source": str(bundle), "target": containers.LAUNCHER_DIR, "readonly": True},
                        {"source": str(host_dir), "target": settings.socket.rpartition("/")[0],
                         "readonly": True},
                        {"source": str(share), "target": "/data", "readonly": False}],
             "files": {}, "uid": 107, "gid": 107, "groups": [107],
-            "argv": [*kv.launcher_command(settings, "/data"), "/usr/bin/sleep", "60"],
+            "argv": [*containers.launcher_command(settings, "/data"), "/usr/bin/sleep", "60"],
             "env": {"PATH": "/usr/bin:/bin"}}
     (base / "spec.json").write_text(js.dumps(spec))
     runtime = Path(__file__).parents[1] / "e2e" / "pod_runtime.py"

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import copy
 import difflib
 import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
+from monitor.kubevirt import containers as kc
 from monitor.kubevirt import inject as kv
-from monitor.kubevirt.inject import InjectError, Settings, inject, plan_pod, pod_patch
+from monitor.kubevirt.containers import Settings
+from monitor.kubevirt.inject import InjectError, inject, plan_pod, pod_patch
+from tests.support.kubevirt import LAUNCHER_POD, apply_patch
 
-HERE = Path(__file__).parent / "kubevirt"
-LAUNCHER_POD = (HERE / "virt-launcher-pod.yaml").read_text()
 PVC_CONTAINERS = {"virtiofs-data", "virtiofs-rootdv"}
 
 # Documents that must come out exactly as they went in (odd formatting on purpose).
@@ -40,26 +39,6 @@ spec:
     image: busybox
     command: ["/usr/libexec/virtiofsd"]
 """
-
-
-def apply_patch(document: Any, patch: list[dict[str, Any]]) -> Any:
-    """A small RFC 6902 applier for the two operations the plan uses (add, replace)."""
-    document = copy.deepcopy(document)
-    for operation in patch:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in operation["path"][1:].split("/")]
-        parent = document
-        for part in parts[:-1]:
-            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
-        last = parts[-1]
-        if isinstance(parent, list):
-            if operation["op"] == "add":
-                parent.insert(len(parent) if last == "-" else int(last), operation["value"])
-            else:
-                parent[int(last)] = operation["value"]
-        else:
-            assert operation["op"] == "add" or last in parent, operation
-            parent[last] = operation["value"]
-    return document
 
 
 def container_lines(text: str, names: set[str]) -> set[int]:
@@ -112,9 +91,9 @@ def test_the_injected_container() -> None:
     rootdv = by_name["virtiofs-rootdv"]
     assert not any(a.startswith("--migration-mode") for a in rootdv["args"])
     assert by_name["virtiofs-settings"]["command"] == ["/usr/libexec/virtiofsd"]
-    (init,) = [c for c in pod["spec"]["initContainers"] if c["name"] == kv.LAUNCHER_INIT]
-    assert init["args"] == ["install-launcher", kv.LAUNCHER_DIR]
-    assert {"name": kv.LAUNCHER_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}} in pod["spec"][
+    (init,) = [c for c in pod["spec"]["initContainers"] if c["name"] == kc.LAUNCHER_INIT]
+    assert init["args"] == ["install-launcher", kc.LAUNCHER_DIR]
+    assert {"name": kc.LAUNCHER_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}} in pod["spec"][
         "volumes"]
 
 
@@ -148,8 +127,8 @@ def test_patch_creates_missing_lists() -> None:
     pod["spec"]["volumes"] = pod["spec"]["volumes"]
     patch = pod_patch(pod)
     assert {"op": "add", "path": "/spec/initContainers",
-            "value": [kv.launcher_init_container()]} in patch
-    assert apply_patch(pod, patch)["spec"]["initContainers"] == [kv.launcher_init_container()]
+            "value": [kc.launcher_init_container()]} in patch
+    assert apply_patch(pod, patch)["spec"]["initContainers"] == [kc.launcher_init_container()]
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,7 +212,7 @@ def test_block_spec_without_init_containers_gets_the_key() -> None:
     text = LAUNCHER_POD.replace("  initContainers:\n", "  otherInitContainers:\n")
     out = inject(text)
     pod = yaml.safe_load(out)
-    assert [c["name"] for c in pod["spec"]["initContainers"]] == [kv.LAUNCHER_INIT]
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == [kc.LAUNCHER_INIT]
     assert pod["spec"]["otherInitContainers"][0]["name"] == "container-disk-binary"
     assert inject(out) == out
 
@@ -245,7 +224,7 @@ def test_null_init_containers() -> None:
         text = LAUNCHER_POD[:start] + null + LAUNCHER_POD[end:]
         out = inject(text)
         value = yaml.safe_load(out)
-        assert value["spec"]["initContainers"] == [kv.launcher_init_container()], null
+        assert value["spec"]["initContainers"] == [kc.launcher_init_container()], null
         before = yaml.safe_load(text)
         assert before["spec"]["initContainers"] is None
         assert value == apply_patch(before, pod_patch(before))
@@ -277,7 +256,7 @@ def test_bad_input_is_a_clear_error(bad: str) -> None:
 
 
 def test_virtiofsd_args() -> None:
-    assert kv.virtiofsd_args(["--inode-file-handles", "never", "--migration-mode", "find-paths",
+    assert kc.virtiofsd_args(["--inode-file-handles", "never", "--migration-mode", "find-paths",
                               "--inode-file-handles=never", "-x"]) == [
         "--migration-mode=file-handles", "-x", "--inode-file-handles=prefer"]
 

@@ -71,7 +71,7 @@ def test_the_middleware_counts_answers_errnos_and_calls_whose_caller_went_away()
 
     from monitor.listener import NotificationGone
     from monitor.metrics import metrics_middleware
-    from monitor.target import SyscallError
+    from monitor.target_thread import SyscallError
 
     stats = CallStats()
     wrap = metrics_middleware(stats)
@@ -91,7 +91,7 @@ def test_the_middleware_counts_answers_errnos_and_calls_whose_caller_went_away()
 
 def test_label_values_come_from_fixed_sets() -> None:
     """Whatever syscall number, errno or reason comes in, the labels stay in their sets."""
-    from monitor.metrics import OTHER, refusal_code
+    from monitor.labels import OTHER, refusal_code
 
     stats = CallStats()
     for nr in range(500):
@@ -113,13 +113,13 @@ def test_every_refusal_reason_in_monitor_has_an_identifier() -> None:
     import ast
     from pathlib import Path
 
-    from monitor.metrics import OTHER, refusal_code
+    from monitor.labels import OTHER, refusal_code
 
     reasons: list[str] = []
     for path in Path(__file__).resolve().parents[2].joinpath("monitor").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id == "SyscallError" and len(node.args) >= 2):
+                    and node.func.id in ("SyscallError", "Error") and len(node.args) >= 2):
                 reason = node.args[1]
                 if isinstance(reason, ast.JoinedStr):  # f"...": its constant beginning
                     first = reason.values[0]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.adversarial import conftest as adversarial
+from tests.adversarial import recording as adversarial
 from tests.adversarial.publish import ROOT, publish
 
 

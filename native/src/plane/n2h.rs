@@ -41,12 +41,10 @@ impl Plane {
             Ok(fd) => fd,
             Err(outcome) => return outcome,
         };
-        let Ok((mode, obj_mount)) = sys::statx_mode_mount(obj.as_fd()) else {
+        let Ok(id) = policy::Identity::of(obj.as_fd()) else {
             return err(libc::EIO);
         };
-        if let Err(refusal) =
-            policy::check_resolved(&target.share.root(), obj.as_fd(), mode, obj_mount)
-        {
+        if let Err(refusal) = policy::check_resolved(&target.share.root(), obj.as_fd(), &id) {
             return Outcome::Error(refusal.errno, refusal.reason);
         }
         let passthrough = flags & (abi::AT_HANDLE_FID | abi::AT_HANDLE_MNT_ID_UNIQUE);
@@ -70,7 +68,7 @@ impl Plane {
             Err(e) => return err(if e == 0 { libc::EINVAL } else { e }),
         };
         drop(obj);
-        let file_type = mode & libc::S_IFMT;
+        let file_type = id.mode & libc::S_IFMT;
         if file_type != libc::S_IFDIR && file_type != libc::S_IFREG {
             return Outcome::Error(libc::EOPNOTSUPP, Some("no handles for this file type"));
         }

@@ -4,6 +4,19 @@
 
 use super::*;
 
+/// The target's last mount_fd (its number, our duplicate, its st_dev; our pid for kcmp),
+/// as the reference's ThreadCache.mount_fd: virtiofsd passes the same mount_fd to every
+/// open_by_handle_at, and an open file's st_dev and O_PATH-ness never change, so one kcmp
+/// that finds the target's fd still that open file answers what pidfd_getfd, F_GETFL,
+/// fstat and close would. Only fds on the share's filesystem are kept (their last close,
+/// once the target closed its copy, cannot linger the way a socket's can).
+pub(super) struct MountFdMemo {
+    fd: i32,
+    ours: OwnedFd,
+    dev: u64,
+    our_pid: i32,
+}
+
 impl Plane {
     pub(super) fn open_by_handle_at(
         &self,
@@ -66,20 +79,17 @@ impl Plane {
             Err(0) => return err(libc::ESTALE),
             Err(e) => return err(e),
         };
-        let Ok((mode, obj_mount)) = sys::statx_mode_mount(obj.as_fd()) else {
+        let Ok(id) = policy::Identity::of(obj.as_fd()) else {
             return err(libc::EIO);
         };
-        let file_type = mode & libc::S_IFMT;
-        let is_dir = file_type == libc::S_IFDIR;
-        if !(is_dir || file_type == libc::S_IFREG) {
+        let is_dir = id.is_dir();
+        if !(is_dir || id.mode & libc::S_IFMT == libc::S_IFREG) {
             return Outcome::Error(
                 libc::EACCES,
                 Some("fhmon opens only directories and regular files"),
             );
         }
-        if let Err(refusal) =
-            policy::check_opened(&target.share.root(), obj.as_fd(), is_dir, obj_mount)
-        {
+        if let Err(refusal) = policy::check_opened(&target.share.root(), obj.as_fd(), &id) {
             return Outcome::Error(refusal.errno, refusal.reason);
         }
         let opened = match self.reopen_as_target(target, n, base, memo, obj.as_fd(), flags, is_dir)
@@ -129,13 +139,28 @@ impl Plane {
             if fd < 0 {
                 return Err(err(libc::EBADF));
             }
+            if let Some(dev) = known_mount_fd(target, n, fd) {
+                return Ok(dev);
+            }
             let ours = self.take_fd(target, n, fd)?;
             match sys::fcntl_getfl(ours.as_fd()) {
                 Ok(fl) if fl & libc::O_PATH != 0 => return Err(err(libc::EBADF)),
                 Ok(_) => {}
                 Err(_) => return Err(err(libc::EIO)),
             }
-            ours
+            let dev = sys::fstat_dev_uid(ours.as_fd())
+                .map(|(dev, _)| dev)
+                .map_err(|_| err(libc::EIO))?;
+            if dev == target.share.facts.dev {
+                // the previous duplicate is closed here: a file on the share's filesystem too
+                *lock(&target.mount_fd) = Some(MountFdMemo {
+                    fd,
+                    ours,
+                    dev,
+                    our_pid: std::process::id() as i32,
+                });
+            }
+            return Ok(dev);
         };
         sys::fstat_dev_uid(ours.as_fd())
             .map(|(dev, _)| dev)
@@ -181,7 +206,7 @@ impl Plane {
         {
             let _acting = ActingAs::reopen_only(base, creds).map_err(|_| err(libc::EIO))?;
             for attempt in &attempts[..count] {
-                match sys::reopen(obj, attempt | abi::O_CLOEXEC) {
+                match base.reopen(obj, attempt | abi::O_CLOEXEC) {
                     Ok(fd) => return Ok(fd),
                     Err(e) => {
                         if first_error == 0 {
@@ -198,14 +223,27 @@ impl Plane {
             // The target could chmod itself read access right now and then open it, so a
             // read-only fd grants it nothing new; opened by fhmon (CAP_DAC_READ_SEARCH
             // passes the read check), then the open file is asked once more.
-            let fd = sys::reopen(obj, attempts[0] | abi::O_CLOEXEC).map_err(|e| {
-                let failure = policy::failed(e);
-                err(failure.errno)
-            })?;
+            let fd = base
+                .reopen(obj, attempts[0] | abi::O_CLOEXEC)
+                .map_err(|e| {
+                    let failure = policy::failed(e);
+                    err(failure.errno)
+                })?;
             if policy::chmod_would_succeed(fd.as_fd(), creds.fsuid) {
                 return Ok(fd);
             }
         }
         Err(err(first_error))
     }
+}
+
+/// TargetThread.known_mount_fd: the st_dev of the target's fd `fd` if it is still the open
+/// file remembered (one kcmp, made under the lock so that the duplicate stays open), else
+/// None. Like take_fd, it proves nothing about the notification: ADDFD validates it.
+fn known_mount_fd(target: &Target, n: &Notification, fd: i32) -> Option<u64> {
+    let memo = lock(&target.mount_fd);
+    let known = memo.as_ref()?;
+    let same =
+        known.fd == fd && sys::is_open_file_of(n.pid as i32, fd, known.our_pid, known.ours.as_fd());
+    same.then_some(known.dev)
 }

@@ -1,11 +1,12 @@
-"""The dispatch thread: one OS thread waits on every listener with epoll and answers calls.
+"""The Python plane's answer loop: one OS thread waits on every listener with epoll and
+answers their calls (the "dispatch thread" of the docs).
 
 Why not trio's wait_readable, the first design: per call it re-arms epoll, switches tasks
 and runs the scheduler, ~20 us of fhmon's CPU on the machines fhmon was measured on (a
 fifth of a whole call; docs/performance.md). A thread blocked in epoll_wait skips all of
-it. Why one thread for every listener, not one per listener (`recv_thread`): with many
-threads every syscall that releases the GIL becomes a hand-off between threads, and at 8
-busy targets the CPU per call tripled.
+it. Why one thread for every listener, not one per listener (the retired `recv_thread`):
+with many threads every syscall that releases the GIL becomes a hand-off between threads,
+and at 8 busy targets the CPU per call tripled.
 
 trio still owns the lifetimes: a target's task adds its listener here and sleeps until the
 thread reports the hang-up (or until the task is cancelled); `remove` returns only when
@@ -43,7 +44,7 @@ Answer = Callable[["Target", kernel.Notification], None]
 _HANGUP = select.EPOLLHUP | select.EPOLLERR
 
 
-class DispatchThread:
+class PythonAnswerLoop:
     """Answers the calls of every added target on one thread; `run` is that thread's body."""
 
     def __init__(self, answer: Answer, *, shared: SharedReceiveLock | None = None) -> None:

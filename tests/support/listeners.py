@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from monitor import seccomp_filter
@@ -70,3 +71,21 @@ def send_raw(sock_path: str, data: bytes, fds: list[int] | None = None,
 
 def hello(share: str, pid: int, version: int = native.PROTOCOL_VERSION) -> bytes:
     return native.encode(native.Hello(pid, share, "test", version=version))
+
+
+@contextlib.contextmanager
+def registered_children(sock_path: str, share: str, count: int) -> Iterator[list[FilteredChild]]:
+    """count filtered children, each registered with HELLO (accepted) over its own raw
+    connection; all killed and their listeners closed afterwards."""
+    children: list[FilteredChild] = []
+    try:
+        for _ in range(count):
+            child = filtered_child()
+            children.append(child)
+            answer = native.decode_one(send_raw(sock_path, hello(share, child.pid),
+                                                [child.listener]))
+            assert isinstance(answer, native.Accept), answer
+        yield children
+    finally:
+        for child in children:
+            child.close()

@@ -1,6 +1,6 @@
 """A stand-in for a container runtime using the OCI seccomp listenerPath convention.
 
-    python oci_runtime.py STYLE SOCKET SHARE -- CMD...
+    python -m tests.support.oci_runtime STYLE SOCKET SHARE -- CMD...
 
 Like runc (STYLE=runc: compact JSON, then close) or crun (STYLE=crun: pretty JSON,
 ociVersion 0.2.0, connection left open): forks the "container process" (uid 65534, handle
