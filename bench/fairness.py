@@ -2,6 +2,7 @@
 
     python -m bench.fairness [--reps 7] [--calls 2000] [--planes native,python]
                              [--attackers storm,long_paths,symlinks,lease] [--json OUT]
+                             [--variant NAME:key=value,...]
 
 Issue 15 item 7 (a neighbour's p99 within 3x of alone under amplification) and issue 16's
 isolation target (<= 2x beside a target blocking its own calls). One `fhmon serve` per
@@ -16,6 +17,9 @@ thread; the attackers, each a real target of uid 65534:
               for the lease break (lease-break-time raised to 600 s for the run, restored):
               on the native plane its call blocks its own thread; the python plane
               answers it EAGAIN at once (docs/semantics.md)
+
+--variant NAME:key=value,... defines one more configuration (the native plane unless it
+sets data_plane) that --planes may name, e.g. `--variant t2:data_plane_threads=2`.
 
 Paired, interleaved repetitions: alone (the storm SIGSTOPped, the lease holder not
 started), then beside; each pair gives a ratio of p99s and the median ratio is reported,
@@ -140,10 +144,29 @@ def summarize(pairs: list[tuple[float, float]]) -> dict[str, float]:
             "ratio": statistics.median(b / a for a, b in pairs)}
 
 
+def config_text(plane: str, variants: dict[str, dict[str, str]]) -> str:
+    """A plane's config file: `data_plane = ...` for native/python, or a variant's keys."""
+    settings = {"data_plane": '"native"', **variants.get(plane, {})} \
+        if plane in variants else {"data_plane": f'"{plane}"'}
+    return "".join(f"{k} = {v}\n" for k, v in settings.items())
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """NAME:key=value,... (values as TOML), as bench.run's --variant."""
+    name, sep, rest = text.partition(":")
+    if not sep or not name:
+        raise SystemExit(f"--variant {text!r}: expected NAME:key=value[,key=value]")
+    pairs = [item.partition("=") for item in rest.split(",") if item]
+    if any(not eq for _, eq, _ in pairs):
+        raise SystemExit(f"--variant {text!r}: every item must be key=value")
+    return name, {k.strip(): v.strip() for k, _, v in pairs}
+
+
 def run_plane(world: World, base: Path, plane: str, attackers: list[str], reps: int,
-              calls: int, long_path: str, links: str) -> dict[str, dict[str, float]]:
+              calls: int, long_path: str, links: str,
+              variants: dict[str, dict[str, str]]) -> dict[str, dict[str, float]]:
     config = base / f"{plane}.toml"
-    config.write_text(f'data_plane = "{plane}"\n')
+    config.write_text(config_text(plane, variants))
     service = Service(base, [str(world.shares / "*")], name=f"bench-fair-{plane}",
                       extra=["--config", str(config)])
     neighbour = Agent(world, "fhmon", world.main, service.socket)
@@ -180,13 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--planes", default="native,python")
     parser.add_argument("--attackers", default=",".join(ATTACKERS))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:K=V,...")
     args = parser.parse_args(argv)
+    variants = dict(parse_variant(v) for v in args.variant)
+    bad = [p for p in args.planes.split(",") if p not in ("native", "python", *variants)]
+    if bad:
+        parser.error(f"unknown planes (not native, python or a --variant): {bad}")
     attackers = [a for a in args.attackers.split(",") if a]
     unknown = set(attackers) - set(ATTACKERS)
     if unknown:
         parser.error(f"unknown attackers: {', '.join(sorted(unknown))}")
     base = Path(tempfile.mkdtemp(prefix="fhmon-bench-fair-", dir="/tmp"))
-    report: dict[str, Any] = {"reps": args.reps, "calls": args.calls,
+    report: dict[str, Any] = {"reps": args.reps, "calls": args.calls, "variants": variants,
                               "loadavg_before": os.getloadavg(), "planes": {}}
     try:
         world = build_world(base)
@@ -194,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         with lease_break_time(600):
             for plane in args.planes.split(","):
                 report["planes"][plane] = run_plane(world, base, plane, attackers, args.reps,
-                                                    args.calls, "./" * 2040 + "file", links)
+                                                    args.calls, "./" * 2040 + "file", links,
+                                                    variants)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     report["loadavg_after"] = os.getloadavg()

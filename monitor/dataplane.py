@@ -8,9 +8,9 @@ One interface, two implementations, chosen by the `data_plane` config key:
   `data_plane_threads` native threads blocked in RECV, none holding the GIL, so that a
   target whose call blocks holds only its own threads. Calls the native code does not
   handle (another uid's call, other syscalls) go to the Python reference (Answerer), one
-  at a time per target, before anything reached the target. Its counters and refusals
-  are merged into CallStats and the audit log by run() (the middleware does it for the
-  calls the reference answers).
+  at a time per target, before anything reached the target. Its counters, per-target call
+  counts and refusals are merged into CallStats, Target.calls and the audit log by flush()
+  (the middleware does it for the calls the reference answers).
 
 The server holds one DataPlane: add(target, hung_up) when a listener registers, remove()
 once it hung up (returns when no thread answers its calls), set_keys() on reload.
@@ -131,11 +131,19 @@ class NativeDataPlane:
 
     def flush(self) -> None:
         """The native counts into CallStats, the native refusals into the audit log."""
-        results, seconds, buckets, refusals = self._plane.take_stats()
+        results, seconds, buckets, refusals, calls, panics = self._plane.take_stats()
         if results or refusals:  # a refusal is counted before its call's result
             self._stats.merge(
                 {(syscall, _result_name(code)): n for syscall, code, n in results},
                 dict(seconds), dict(refusals), {s: list(c) for s, c in buckets})
+        for target_id, n in calls:  # Target.calls: the reference counts its own (Answerer)
+            with self._lock:
+                entry = self._targets.get(target_id)
+            if entry is not None:
+                entry[0].calls += n
+        if panics:
+            log.event("data_plane_panic", logging.ERROR, calls=panics,
+                      detail="a native call's work panicked; answered EIO, thread serves on")
         events, dropped = self._plane.drain_events()
         for syscall, err, reason, tid, tgid, target_id in events:
             with self._lock:

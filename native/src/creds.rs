@@ -49,6 +49,23 @@ impl Baseline {
         Ok(base)
     }
 
+    /// The calling thread's credentials are still the ones measured (checked after a
+    /// panic was caught mid-call, before the thread serves on).
+    pub fn still_holds(&self) -> bool {
+        let Ok((effective, permitted, inheritable)) = sys::capget_thread() else {
+            return false;
+        };
+        let mut buf = [0u32; 1024];
+        let Ok(n) = sys::getgroups(&mut buf) else {
+            return false;
+        };
+        (effective, permitted, inheritable) == (self.effective, self.permitted, self.inheritable)
+            // an invalid id (-1) changes nothing and returns the current fs id
+            && sys::setfsuid(u32::MAX) == self.fsuid
+            && sys::setfsgid(u32::MAX) == self.fsgid
+            && buf[..n] == self.groups[..]
+    }
+
     /// open("/proc/self/fd/N", flags) of one of our fds: a new open file with an open's
     /// permission checks, through the kept /proc/self/fd (one path component, not four).
     pub fn reopen(&self, obj: BorrowedFd<'_>, flags: i32) -> Result<OwnedFd, sys::Errno> {
@@ -142,5 +159,26 @@ impl Drop for ActingAs<'_> {
         if !self.fsuid_only && base.effective != base.permitted {
             let _ = sys::capset_thread(base.effective, base.permitted, base.inheritable);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_baseline_still_holds_and_a_changed_fsgid_does_not() {
+        let base = Baseline::measure().expect("measure");
+        assert!(base.still_holds());
+        let before = sys::setfsgid(base.fsgid.wrapping_add(1));
+        let changed = base.still_holds();
+        sys::setfsgid(before);
+        if sys::euid_egid().0 == 0 {
+            assert!(
+                !changed,
+                "a thread whose fsgid moved must not count as unchanged"
+            );
+        }
+        assert!(base.still_holds());
     }
 }

@@ -2,18 +2,21 @@
 //!
 //! Isolation by construction: a target's calls are answered only by its own threads
 //! (`threads_per_target`), so a call that blocks or crawls holds that target's threads and
-//! nobody else's. No thread holds the GIL while it receives or answers; a call the native
-//! code does not handle yet is passed to the Python reference (`Fallback`), serialised per
-//! target, before anything has reached the target: answers stay identical.
+//! nobody else's. The per-call counters are lock-free. A panic in a call's work is caught:
+//! the call is answered EIO (the reference's answer when a handler raises), counted, and
+//! the thread keeps serving. No thread holds the GIL while it receives or answers; a call
+//! the native code does not handle yet is passed to the Python reference (`Fallback`),
+//! serialised per target, before anything has reached the target: answers stay identical.
 //!
 //! Ported errno for errno: monitor/handlers/name_to_handle_at.py and open_by_handle_at.py,
 //! and Answerer's uid check. What still goes to the fallback: another uid's call (the
 //! reference answers EPERM and audits it), other syscalls or architectures (ENOSYS), and
 //! the rare cases noted where they arise (a kernel without PIDFD_THREAD).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -95,6 +98,10 @@ pub struct Stats {
     pub seconds: [f64; 2],
     pub buckets: [[u64; BUCKETS + 1]; 2],
     pub refusals: Vec<(&'static str, u64)>,
+    /// calls answered natively, per target id (the reference counts its own in Target.calls)
+    pub calls: Vec<(u64, u64)>,
+    /// panics caught in a call's work (each call answered EIO)
+    pub panics: u64,
 }
 
 impl Default for Stats {
@@ -104,6 +111,28 @@ impl Default for Stats {
             seconds: [0.0; 2],
             buckets: [[0; BUCKETS + 1]; 2],
             refusals: Vec::new(),
+            calls: Vec::new(),
+            panics: 0,
+        }
+    }
+}
+
+/// The per-call counters, lock-free: every target's threads count into them, and none
+/// should wait for another (a preempted thread holding a lock would stall the others).
+struct Counters {
+    results: [[AtomicU64; RESULTS]; 2],
+    nanos: [AtomicU64; 2],
+    buckets: [[AtomicU64; BUCKETS + 1]; 2],
+    panics: AtomicU64,
+}
+
+impl Counters {
+    fn new() -> Counters {
+        Counters {
+            results: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            nanos: std::array::from_fn(|_| AtomicU64::new(0)),
+            buckets: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            panics: AtomicU64::new(0),
         }
     }
 }
@@ -115,19 +144,56 @@ struct Target {
     peer_uid: u32,
     stopping: AtomicBool,
     hung_up: AtomicBool,
-    threads: Mutex<Vec<ThreadEntry>>,
+    threads: Mutex<ThreadCache>,
     /// the target's last mount_fd on the share's filesystem (obh.rs known_mount_fd)
     mount_fd: Mutex<Option<obh::MountFdMemo>>,
     fallback_lock: Mutex<()>,
+    /// calls answered natively since the last take_stats
+    calls: AtomicU64,
 }
 
 /// A thread of the target seen before: its pidfd (which names that thread for as long as
 /// it lives: a live pidfd's TID is the notifying thread's) and its real uid once its
 /// credentials are known to be frozen (monitor/thread_cache.py ThreadCache).
 struct ThreadEntry {
-    tid: u32,
     pidfd: OwnedFd,
     frozen: Option<Arc<Status>>,
+}
+
+/// A target's threads by TID: O(1) lookups, at most PIDFD_CACHE entries, its table
+/// allocated once when the target is added (an insert below the reserved capacity never
+/// allocates; a full cache takes no new entry).
+struct ThreadCache {
+    entries: HashMap<u32, ThreadEntry>,
+}
+
+impl ThreadCache {
+    fn new() -> ThreadCache {
+        ThreadCache {
+            entries: HashMap::with_capacity(PIDFD_CACHE),
+        }
+    }
+
+    fn get(&self, tid: u32) -> Option<&ThreadEntry> {
+        self.entries.get(&tid)
+    }
+
+    fn get_mut(&mut self, tid: u32) -> Option<&mut ThreadEntry> {
+        self.entries.get_mut(&tid)
+    }
+
+    fn forget(&mut self, tid: u32) {
+        self.entries.remove(&tid);
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The once-a-second sweep: keep the entries whose thread lives.
+    fn retain(&mut self, mut keep: impl FnMut(&ThreadEntry) -> bool) {
+        self.entries.retain(|_, e| keep(e));
+    }
 }
 
 struct Running {
@@ -144,7 +210,12 @@ pub struct Plane {
     config: Config,
     keys: RwLock<Option<Arc<KeyRing>>>,
     targets: Mutex<Vec<Running>>,
-    stats: Mutex<Stats>,
+    counters: Counters,
+    refusals: Mutex<Vec<(&'static str, u64)>>,
+    /// native call counts of targets removed since the last take_stats
+    removed_calls: Mutex<Vec<(u64, u64)>>,
+    /// test hook (Plane._test_panic): this many coming calls panic in their work
+    panic_next: AtomicU64,
     events: Mutex<Events>,
     wakeup: Condvar,
     stopped: AtomicBool,
@@ -175,7 +246,10 @@ impl Plane {
             config,
             keys: RwLock::new(None),
             targets: Mutex::new(Vec::new()),
-            stats: Mutex::new(Stats::default()),
+            counters: Counters::new(),
+            refusals: Mutex::new(Vec::new()),
+            removed_calls: Mutex::new(Vec::new()),
+            panic_next: AtomicU64::new(0),
             events: Mutex::new(Events {
                 queue: VecDeque::with_capacity(64),
                 dropped: 0,
@@ -224,9 +298,10 @@ impl Plane {
             peer_uid,
             stopping: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
-            threads: Mutex::new(Vec::with_capacity(16)),
+            threads: Mutex::new(ThreadCache::new()),
             mount_fd: Mutex::new(None),
             fallback_lock: Mutex::new(()),
+            calls: AtomicU64::new(0),
         });
         let mut threads = Vec::new();
         for k in 0..self.config.threads_per_target.max(1) {
@@ -258,6 +333,10 @@ impl Plane {
             targets.swap_remove(i)
         };
         stop_threads(&running.target, running.threads);
+        let calls = running.target.calls.swap(0, Ordering::SeqCst);
+        if calls > 0 {
+            lock(&self.removed_calls).push((id, calls));
+        }
     }
 
     pub fn stop(&self) {
@@ -286,7 +365,33 @@ impl Plane {
 
     /// The counts made since the last take, zeroed.
     pub fn take_stats(&self) -> Stats {
-        std::mem::take(&mut *lock(&self.stats))
+        let c = &self.counters;
+        let mut stats = Stats::default();
+        for s in 0..2 {
+            for (out, n) in stats.results[s].iter_mut().zip(&c.results[s]) {
+                *out = n.swap(0, Ordering::Relaxed);
+            }
+            for (out, n) in stats.buckets[s].iter_mut().zip(&c.buckets[s]) {
+                *out = n.swap(0, Ordering::Relaxed);
+            }
+            stats.seconds[s] = c.nanos[s].swap(0, Ordering::Relaxed) as f64 * 1e-9;
+        }
+        stats.panics = c.panics.swap(0, Ordering::Relaxed);
+        stats.refusals = std::mem::take(&mut *lock(&self.refusals));
+        stats.calls = std::mem::take(&mut *lock(&self.removed_calls));
+        for running in lock(&self.targets).iter() {
+            let n = running.target.calls.swap(0, Ordering::SeqCst);
+            if n > 0 {
+                stats.calls.push((running.target.id, n));
+            }
+        }
+        stats
+    }
+
+    /// Test hook: the next `n` calls answered natively panic inside their work (each must
+    /// be answered EIO and counted, and its thread keep serving).
+    pub fn panic_next_calls(&self, n: u64) {
+        self.panic_next.store(n, Ordering::SeqCst);
     }
 
     pub fn drain_events(&self) -> (Vec<Refused>, u64) {
@@ -302,89 +407,144 @@ impl Plane {
         while !target.stopping.load(Ordering::SeqCst) {
             match sys::notif_recv(target.listener.as_fd(), &mut raw) {
                 Ok(()) => {}
-                Err(libc::EINTR) | Err(libc::ENOENT) => continue,
+                Err(libc::EINTR) => continue,
+                Err(libc::ENOENT) if !listener_hung_up(target) => continue, // caller gone
                 Err(_) => {
-                    // a listener RECV refuses for good: wait to be stopped
+                    // a listener RECV refuses for good (or, no task left, answers ENOENT
+                    // at once, forever: seen on 6.18): wait to be stopped
                     std::thread::sleep(Duration::from_millis(50));
                     continue;
                 }
             }
             let start = Instant::now();
-            let notif = Notification::parse(&raw);
-            let syscall = match (notif.arch, notif.nr) {
-                (abi::AUDIT_ARCH_X86_64, abi::SYS_NAME_TO_HANDLE_AT) => Some(0),
-                (abi::AUDIT_ARCH_X86_64, abi::SYS_OPEN_BY_HANDLE_AT) if base.is_some() => Some(1),
-                _ => None,
-            };
-            let mut status = None;
-            let outcome = match syscall {
-                Some(which) => match self.owned_by_peer(target, &notif, &mut status) {
-                    Ok(true) if which == 0 => {
-                        self.name_to_handle_at(target, &notif, base.as_ref(), &mut status)
-                    }
-                    Ok(true) => match &base {
-                        Some(base) => self.open_by_handle_at(target, &notif, base, &mut status),
-                        None => Outcome::Defer,
-                    },
-                    Ok(false) => Outcome::Defer, // the reference refuses it (EPERM + audit)
-                    Err(outcome) => outcome,
-                },
-                None => Outcome::Defer,
-            };
-            let syscall = syscall.unwrap_or(0);
-            let result = match outcome {
-                Outcome::Defer => {
-                    let _serial = lock(&target.fallback_lock);
-                    (self.fallback)(target.id, &raw);
-                    continue; // the Python reference counts its own calls
+            let answered = self.answer(target, &raw, base.as_ref(), start);
+            if answered.is_err() {
+                // a panic: serve on only with the credentials the thread started with
+                if base.as_ref().is_some_and(|b| !b.still_holds()) {
+                    eprintln!(
+                        "fhmon: data-plane thread of target {} stops after a panic: its \
+                         credentials changed",
+                        target.id
+                    );
+                    return;
                 }
-                Outcome::Gone => GONE,
-                Outcome::Injected => 0,
-                Outcome::Return(val) => {
-                    let resp = abi::encode_response(notif.id, val, 0);
-                    let _ = sys::notif_send(target.listener.as_fd(), &resp);
-                    0
-                }
-                Outcome::Error(errno, reason) => {
-                    if let Some(reason) = reason.filter(|_| POLICY_ERRNOS.contains(&errno)) {
-                        if !matches!(
-                            sys::notif_id_valid(target.listener.as_fd(), notif.id),
-                            Ok(true)
-                        ) {
-                            self.record(syscall, GONE, start);
-                            continue;
-                        }
-                        self.refused(target, syscall, errno, reason, notif.pid);
-                    }
-                    let resp = abi::encode_response(notif.id, 0, errno);
-                    let _ = sys::notif_send(target.listener.as_fd(), &resp);
-                    (errno as usize).min(MAX_ERRNO)
-                }
-            };
-            self.record(syscall, result, start);
+            }
         }
     }
 
-    fn record(&self, syscall: usize, result: usize, start: Instant) {
-        let elapsed = start.elapsed().as_secs_f64();
+    /// One call: its work under catch_unwind (a panic answers it EIO, as the reference's
+    /// registry does when a handler raises, and is counted); Err(()) after a panic.
+    fn answer(
+        &self,
+        target: &Target,
+        raw: &[u8; abi::SECCOMP_NOTIF_SIZE],
+        base: Option<&Baseline>,
+        start: Instant,
+    ) -> Result<(), ()> {
+        let notif = Notification::parse(raw);
+        let syscall = match (notif.arch, notif.nr) {
+            (abi::AUDIT_ARCH_X86_64, abi::SYS_NAME_TO_HANDLE_AT) => Some(0),
+            (abi::AUDIT_ARCH_X86_64, abi::SYS_OPEN_BY_HANDLE_AT) if base.is_some() => Some(1),
+            _ => None,
+        };
+        let work = || {
+            if self.panic_next.load(Ordering::Relaxed) > 0
+                && self
+                    .panic_next
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                panic!("injected by the test hook Plane.panic_next_calls");
+            }
+            self.outcome(target, &notif, syscall, base)
+        };
+        let (outcome, panicked) = match guarded(work) {
+            Some(outcome) => (outcome, false),
+            None => {
+                self.counters.panics.fetch_add(1, Ordering::Relaxed);
+                (err(libc::EIO), true)
+            }
+        };
+        let syscall = syscall.unwrap_or(0);
+        let result = match outcome {
+            Outcome::Defer => {
+                let _serial = lock(&target.fallback_lock);
+                (self.fallback)(target.id, raw);
+                return Ok(()); // the Python reference counts its own calls
+            }
+            Outcome::Gone => GONE,
+            Outcome::Injected => 0,
+            Outcome::Return(val) => {
+                let resp = abi::encode_response(notif.id, val, 0);
+                let _ = sys::notif_send(target.listener.as_fd(), &resp);
+                0
+            }
+            Outcome::Error(errno, reason) => {
+                if let Some(reason) = reason.filter(|_| POLICY_ERRNOS.contains(&errno)) {
+                    if !matches!(
+                        sys::notif_id_valid(target.listener.as_fd(), notif.id),
+                        Ok(true)
+                    ) {
+                        self.record(target, syscall, GONE, start);
+                        return Ok(());
+                    }
+                    self.refused(target, syscall, errno, reason, notif.pid);
+                }
+                let resp = abi::encode_response(notif.id, 0, errno);
+                let _ = sys::notif_send(target.listener.as_fd(), &resp);
+                (errno as usize).min(MAX_ERRNO)
+            }
+        };
+        self.record(target, syscall, result, start);
+        if panicked { Err(()) } else { Ok(()) }
+    }
+
+    /// What to answer: the uid check, then the handler (None: not one of ours).
+    fn outcome(
+        &self,
+        target: &Target,
+        notif: &Notification,
+        syscall: Option<usize>,
+        base: Option<&Baseline>,
+    ) -> Outcome {
+        let mut status = None;
+        match syscall {
+            Some(which) => match self.owned_by_peer(target, notif, &mut status) {
+                Ok(true) if which == 0 => self.name_to_handle_at(target, notif, base, &mut status),
+                Ok(true) => match base {
+                    Some(base) => self.open_by_handle_at(target, notif, base, &mut status),
+                    None => Outcome::Defer,
+                },
+                Ok(false) => Outcome::Defer, // the reference refuses it (EPERM + audit)
+                Err(outcome) => outcome,
+            },
+            None => Outcome::Defer,
+        }
+    }
+
+    fn record(&self, target: &Target, syscall: usize, result: usize, start: Instant) {
+        let elapsed = start.elapsed();
+        let seconds = elapsed.as_secs_f64();
         let bucket = self
             .config
             .buckets
             .iter()
-            .position(|&b| elapsed <= b)
+            .position(|&b| seconds <= b)
             .unwrap_or(BUCKETS);
-        let mut stats = lock(&self.stats);
-        stats.results[syscall][result] += 1;
-        stats.seconds[syscall] += elapsed;
-        stats.buckets[syscall][bucket] += 1;
+        let c = &self.counters;
+        c.results[syscall][result].fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        c.nanos[syscall].fetch_add(nanos, Ordering::Relaxed);
+        c.buckets[syscall][bucket].fetch_add(1, Ordering::Relaxed);
+        target.calls.fetch_add(1, Ordering::Relaxed);
     }
 
     fn refused(&self, target: &Target, syscall: usize, errno: i32, reason: &'static str, tid: u32) {
         {
-            let mut stats = lock(&self.stats);
-            match stats.refusals.iter_mut().find(|(r, _)| *r == reason) {
+            let mut refusals = lock(&self.refusals);
+            match refusals.iter_mut().find(|(r, _)| *r == reason) {
                 Some((_, n)) => *n += 1,
-                None => stats.refusals.push((reason, 1)),
+                None => refusals.push((reason, 1)),
             }
         }
         let event = Refused {
@@ -410,14 +570,14 @@ impl Plane {
     /// pidfd of the calling thread (proved alive by the getfd itself) or a new one.
     fn take_fd(&self, target: &Target, n: &Notification, fd: i32) -> Result<OwnedFd, Outcome> {
         let mut cache = lock(&target.threads);
-        if let Some(i) = cache.iter().position(|e| e.tid == n.pid) {
-            match sys::pidfd_getfd(cache[i].pidfd.as_fd(), fd) {
+        if let Some(e) = cache.get(n.pid) {
+            match sys::pidfd_getfd(e.pidfd.as_fd(), fd) {
                 Ok(ours) => return Ok(ours),
-                Err(e) if sys::pidfd_alive(cache[i].pidfd.as_fd()) => {
-                    return Err(getfd_error(target, n, e));
+                Err(err) if sys::pidfd_alive(e.pidfd.as_fd()) => {
+                    return Err(getfd_error(target, n, err));
                 }
                 Err(_) => {
-                    cache.swap_remove(i); // its thread died; the TID names a new one
+                    cache.forget(n.pid); // its thread died; the TID names a new one
                 }
             }
         }
@@ -436,13 +596,18 @@ impl Plane {
 /// drops): it never probes its entries on a put, which made every call of a target with
 /// thousands of threads cost a pidfd_alive per cached thread (issue 17's item 7, as the
 /// reference's ThreadCache.put); the once-a-second sweep makes room when threads exit.
-fn remember(cache: &mut Vec<ThreadEntry>, tid: u32, pidfd: OwnedFd, frozen: Option<Arc<Status>>) {
-    if let Some(i) = cache.iter().position(|e| e.tid == tid) {
-        cache.swap_remove(i);
-    }
+fn remember(cache: &mut ThreadCache, tid: u32, pidfd: OwnedFd, frozen: Option<Arc<Status>>) {
+    cache.forget(tid);
     if cache.len() < PIDFD_CACHE {
-        cache.push(ThreadEntry { tid, pidfd, frozen });
+        cache.entries.insert(tid, ThreadEntry { pidfd, frozen });
     }
+}
+
+/// Run a call's work, catching a panic (None): the thread survives to answer the call and
+/// the next ones. Locks a panic leaves poisoned are taken over by lock(); the credentials
+/// guard (creds::ActingAs) switches back as it unwinds.
+fn guarded<T>(work: impl FnOnce() -> T) -> Option<T> {
+    catch_unwind(AssertUnwindSafe(work)).ok()
 }
 
 /// getname(): a NUL-terminated path of at most PATH_MAX bytes with the NUL, read as
@@ -564,6 +729,17 @@ fn stop_threads(target: &Target, threads: Vec<JoinHandle<()>>) {
     }
 }
 
+/// No task uses the target's filter any more (poll reports POLLHUP).
+fn listener_hung_up(target: &Target) -> bool {
+    let mut fds = [libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&target.listener),
+        events: 0,
+        revents: 0,
+    }];
+    matches!(sys::poll_many(&mut fds, 0), Ok(n) if n > 0)
+        && fds[0].revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+}
+
 /// One thread for every target's hang-up: poll(events = 0) reports POLLHUP once no task
 /// uses a filter; each is reported once, then left to remove(). It also sweeps the thread
 /// caches.
@@ -613,5 +789,54 @@ fn watch_hangups(plane: std::sync::Weak<Plane>) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pidfd() -> OwnedFd {
+        sys::pidfd_open(std::process::id() as i32, 0).expect("pidfd_open of ourselves")
+    }
+
+    #[test]
+    fn a_panic_in_the_work_is_caught_and_the_next_call_runs() {
+        let quiet = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let first = guarded(|| -> i32 { panic!("a handler bug") });
+        let second = guarded(|| 7);
+        std::panic::set_hook(quiet);
+        assert!(first.is_none());
+        assert_eq!(second, Some(7));
+    }
+
+    #[test]
+    fn the_thread_cache_finds_by_tid_and_takes_no_entry_when_full() {
+        let mut cache = ThreadCache::new();
+        let reserved = cache.entries.capacity();
+        assert!(reserved >= PIDFD_CACHE);
+        for tid in 0..PIDFD_CACHE as u32 {
+            remember(&mut cache, tid, pidfd(), None);
+        }
+        assert_eq!(cache.len(), PIDFD_CACHE);
+        remember(&mut cache, 99_999, pidfd(), None); // full: not taken
+        assert!(cache.get(99_999).is_none());
+        assert!(cache.get(5).is_some());
+        remember(&mut cache, 5, pidfd(), None); // a known TID replaces its own entry
+        assert_eq!(cache.len(), PIDFD_CACHE);
+        cache.forget(5);
+        remember(&mut cache, 99_999, pidfd(), None); // room made: taken
+        assert!(cache.get(99_999).is_some() && cache.get(5).is_none());
+        // churn at the limit: the table never grows past what was reserved at its worst
+        for round in 0..4u32 {
+            for tid in 0..PIDFD_CACHE as u32 / 2 {
+                cache.forget(tid + round * 100_000);
+                remember(&mut cache, tid + (round + 1) * 100_000, pidfd(), None);
+            }
+        }
+        assert!(cache.entries.capacity() <= 2 * reserved + 1);
+        cache.retain(|_| false);
+        assert_eq!(cache.len(), 0);
     }
 }

@@ -241,7 +241,8 @@ impl PyPlane {
     }
 
     /// Counts since the last call: {(syscall, result errno or 0 ok, -1 gone): n},
-    /// {syscall: seconds}, {syscall: bucket counts}, {reason: n}.
+    /// {syscall: seconds}, {syscall: bucket counts}, {reason: n}, {target id: calls
+    /// answered natively}, panics caught (each of those calls answered EIO).
     #[allow(clippy::type_complexity)]
     fn take_stats(
         &self,
@@ -250,6 +251,8 @@ impl PyPlane {
         Vec<(String, f64)>,
         Vec<(String, Vec<u64>)>,
         Vec<(String, u64)>,
+        Vec<(u64, u64)>,
+        u64,
     ) {
         let stats = self.plane.take_stats();
         let mut results = Vec::new();
@@ -278,7 +281,20 @@ impl PyPlane {
             .iter()
             .map(|(r, n)| (r.to_string(), *n))
             .collect();
-        (results, seconds, buckets, refusals)
+        (
+            results,
+            seconds,
+            buckets,
+            refusals,
+            stats.calls,
+            stats.panics,
+        )
+    }
+
+    /// Test hook: the next `n` natively answered calls panic inside their work; each must
+    /// be answered EIO and counted, and its thread must keep serving.
+    fn panic_next_calls(&self, n: u64) {
+        self.plane.panic_next_calls(n);
     }
 
     /// Queued refusals: [(syscall, errno, reason, tid, tgid or None, target_id)], dropped.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -317,3 +318,24 @@ def test_keeper_metrics_count_deposits_and_restores(world: World) -> None:
             keeper.kill()
             keeper.wait()
         service.stop()
+
+
+def test_status_counts_every_answered_call_of_a_target(world: World, fhmon: Service) -> None:
+    """STATUS's per-target `calls` counts the calls either data plane answered (the native
+    plane answers these ones itself, the reference none of them), flushed when asked."""
+    agent = Agent(world, "fhmon", world.main, fhmon.socket)
+    try:
+        h = N2HResult.of(agent.call("n2h", path="file"))
+        assert h.errno == 0
+        for _ in range(5):
+            assert agent.call("obh", handle_type=h.handle_type,
+                              f_handle=h.f_handle.hex())["errno"] == 0
+        assert agent.call("n2h", path="missing")["errno"] == errno.ENOENT
+
+        def mine() -> list[dict[str, Any]]:
+            return [t for t in fhmon.status()["targets"] if t["pid"] == agent.pid]
+
+        # a native call is counted just after its answer reached the target
+        assert wait_until(lambda: [t["calls"] for t in mine()] == [7], timeout=5), mine()
+    finally:
+        agent.close()

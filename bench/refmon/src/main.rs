@@ -53,7 +53,13 @@ impl Worker {
         loop {
             match sys::notif_recv(self.listener.as_fd(), &mut raw) {
                 Ok(()) => {}
-                Err(libc::EINTR) | Err(libc::ENOENT) => continue,
+                Err(libc::EINTR) => continue,
+                // ENOENT: the caller went away between wake-up and RECV, or (seen on 6.18,
+                // RECV returning it at once, forever) no task uses the filter any more:
+                // then stop, or 2 threads per finished target spin and take the CPU from
+                // whatever is measured next
+                Err(libc::ENOENT) if hung_up(self.listener.as_fd()) => return,
+                Err(libc::ENOENT) => continue,
                 Err(_) => return,
             }
             let n = Notification::parse(&raw);
@@ -263,4 +269,15 @@ fn main() {
         next_id += 1;
         std::mem::forget(conn); // keep the registration's connection open for good
     }
+}
+
+/// No task uses the listener's filter any more (poll reports POLLHUP).
+fn hung_up(listener: std::os::fd::BorrowedFd<'_>) -> bool {
+    let mut fds = [libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: 0,
+        revents: 0,
+    }];
+    matches!(sys::poll_many(&mut fds, 0), Ok(n) if n > 0)
+        && fds[0].revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }

@@ -18,7 +18,7 @@ impl Plane {
         }
         let mut cache = lock(&target.threads);
         let mut have_live = false;
-        if let Some(e) = cache.iter().find(|e| e.tid == n.pid) {
+        if let Some(e) = cache.get(n.pid) {
             if sys::pidfd_alive(e.pidfd.as_fd()) {
                 if let Some(status) = &e.frozen {
                     *memo = Some(Arc::clone(status));
@@ -50,7 +50,7 @@ impl Plane {
         match pidfd {
             Some(pidfd) => remember(&mut cache, n.pid, pidfd, frozen),
             None => {
-                if let Some(e) = cache.iter_mut().find(|e| e.tid == n.pid) {
+                if let Some(e) = cache.get_mut(n.pid) {
                     e.frozen = frozen;
                 }
             }

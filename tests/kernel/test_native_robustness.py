@@ -1,0 +1,113 @@
+"""The native plane survives a panic in a call's work (issue 16 item 2).
+
+A real target (uid 65534 under the real handle filter) is served by a monitor._native.Plane
+made in this process, so that its test hook (Plane.panic_next_calls) can make the work of
+the next call panic. The call must be answered EIO (what the reference's registry answers
+when a handler raises), the panic counted, and the same thread must answer the calls after
+it: with a single thread per target, a thread that died would leave the next call waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import select
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from monitor import policy, seccomp_filter
+from monitor.handlers.name_to_handle_at import ACCEPTED_FLAGS
+from monitor.metrics import LATENCY_BUCKETS
+from tests.support import NOBODY, World
+
+_native = pytest.importorskip("monitor._native")
+
+# The target: name_to_handle_at(AT_FDCWD, path, ...) `calls` times, each errno on a line.
+CALLER = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+path, out, calls = sys.argv[1].encode(), int(sys.argv[2]), int(sys.argv[3])
+for _ in range(calls):
+    buf = ctypes.create_string_buffer(8 + 128)
+    ctypes.c_uint32.from_buffer(buf).value = 128
+    mnt = ctypes.c_int(0)
+    ret = libc.name_to_handle_at(-100, path, buf, ctypes.byref(mnt), 0)
+    os.write(out, b"%d\n" % (0 if ret == 0 else ctypes.get_errno()))
+"""
+
+
+@pytest.fixture
+def plane() -> Iterator[object]:
+    p = _native.Plane(ACCEPTED_FLAGS, True, 1, list(LATENCY_BUCKETS),
+                      lambda target, raw: None, lambda target: None)
+    p.set_keys(_native.KeyRing({1: bytes(range(32))}, 1))
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def _answers(read_end: int, count: int, timeout: float) -> list[int]:
+    """The target's errnos, one per call; fewer if a call is not answered in time."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while data.count(b"\n") < count and time.monotonic() < deadline:
+        if select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(read_end, 4096)
+            if not chunk:
+                break
+            data += chunk
+    return [int(line) for line in data.split()]
+
+
+def test_a_panic_is_answered_eio_and_its_thread_serves_on(world: World, plane: object) -> None:
+    p: _native.Plane = plane  # type: ignore[assignment]
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    share = policy.pin_share(root, str(world.main), [str(world.shares / "*")])
+    os.close(root)
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)
+    calls = 4
+    pid, listener, channel = seccomp_filter.fork_under_filter(
+        (NOBODY, NOBODY), [sys.executable, "-c", CALLER, str(world.main / "file"),
+                           str(write_end), str(calls)])
+    os.close(write_end)
+    try:
+        p.add(7, listener, 0, share.share_id, share.dir_fd, share.path_fd, share.mount_id,
+              share.dev, share.ino, share.whole_fs)
+        p.panic_next_calls(2)
+        seccomp_filter.go(channel)
+        answers = _answers(read_end, calls, timeout=20)
+        # the two panicking calls answered EIO, the next ones by the same (only) thread
+        assert answers == [errno.EIO, errno.EIO, 0, 0], answers
+        # a call is counted just after its answer: gather until all four are
+        results: Counter[tuple[str, int]] = Counter()
+        counted: Counter[int] = Counter()
+        panics = 0
+        deadline = time.monotonic() + 10
+        while sum(counted.values()) < calls and time.monotonic() < deadline:
+            res, _, _, _, per_target, n = p.take_stats()
+            results.update({(s, code): k for s, code, k in res})
+            counted.update(dict(per_target))
+            panics += n
+            time.sleep(0.01)
+        assert panics == 2
+        assert results == {("name_to_handle_at", errno.EIO): 2,
+                           ("name_to_handle_at", 0): 2}, results
+        assert counted == {7: calls}, counted
+        p.remove(7)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(read_end)
+        os.close(listener)
+        channel.close()
+        share.close()
+    print(json.dumps({"answers": answers, "panics": panics}))
