@@ -46,7 +46,8 @@ class Config:
     sandbox: bool = False
     # who answers the calls: "native" (the Rust plane, monitor/dataplane.py) or "python"
     # (monitor/handlers, the reference it is tested against); data_plane_threads native
-    # threads per target (1: on a 2-CPU node a second let one busy target take both CPUs)
+    # threads per target (1: a second gave no more calls/s, the per-call CPU is the limit,
+    # and cost neighbours p99; docs/performance.md)
     data_plane: str = "native"
     data_plane_threads: int = 1
 
