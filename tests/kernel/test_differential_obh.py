@@ -174,7 +174,7 @@ def test_each_success_adds_exactly_one_fd(trio_of_agents: tuple[Agent, Agent, Ag
     before = fh.call("fdcount")["fds"]
     for _ in range(50):
         assert fh.call("obh", f_handle=signed.hex(), handle_type=htype)["errno"] == 0
-        assert fh.call("obh", f_handle=(signed[:-1] + b"\0").hex(),
+        assert fh.call("obh", f_handle=(signed[:-1] + bytes([signed[-1] ^ 1])).hex(),
                        handle_type=htype)["errno"] == errno.ESTALE
     assert fh.call("fdcount")["fds"] == before
 

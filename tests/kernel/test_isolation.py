@@ -76,7 +76,8 @@ def test_ten_thousand_calls_keep_fds_and_memory_flat(spawn: Any, fhmon: Service)
     agent: Agent = spawn()
     h = N2HResult.of(agent.call("n2h", path="file"))
     obh = {"handle_type": h.handle_type, "f_handle": h.f_handle.hex()}
-    bad = {"handle_type": h.handle_type, "f_handle": (h.f_handle[:-1] + b"\0").hex()}
+    tampered = h.f_handle[:-1] + bytes([h.f_handle[-1] ^ 1])  # always another MAC
+    bad = {"handle_type": h.handle_type, "f_handle": tampered.hex()}
     # warm up (imports, caches, the remembered mount_fd), then measure
     agent.call("hammer", path="file", calls=500, threads=2)
     assert agent.call("obh", **obh)["errno"] == 0
