@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import FHMON, Agent, Service, World, wait_until
-from tests.support.handles import N2HResult
+from tests.support.handles import key_id_of, signed_handle_args
 
 
 def fhmon_key(*args: str) -> str:
@@ -25,18 +25,6 @@ def keygen(key_dir: Path, *extra: str) -> str:
     return out.stdout.strip()
 
 
-
-
-def handle(agent: Agent, path: str) -> dict[str, Any]:
-    r = N2HResult.of(agent.call("n2h", path=path))
-    assert r.errno == 0
-    return {"handle_type": r.handle_type, "f_handle": r.f_handle.hex()}
-
-
-def key_id_of(h: dict[str, Any]) -> str:
-    return bytes.fromhex(h["f_handle"])[-20:-16].hex()
-
-
 def test_rotation_runbook_under_load(world: World) -> None:
     """docs/operations.md: add key, switch signer, wait, retire; no restart, no failed call."""
     service = Service(world.base, [str(world.shares / "*")], name="rotation")
@@ -44,19 +32,19 @@ def test_rotation_runbook_under_load(world: World) -> None:
     busy = Agent(world, "fhmon", world.main, service.socket)
     try:
         old_key = fhmon_key("list", "--key-dir", str(service.key_dir)).split()[0]
-        old_handle = handle(agent, "file")
+        old_handle = signed_handle_args(agent, "file")
         assert key_id_of(old_handle) == old_key
         load: dict[str, Any] = {}
         done = world.base / "rotation.done"  # the load lasts the whole runbook, not a count
         worker = threading.Thread(target=lambda: load.update(busy.call(
-            "hammer", op2="mix", path="dir/inner", obh=handle(busy, "dir/inner"),
+            "hammer", op2="mix", path="dir/inner", obh=signed_handle_args(busy, "dir/inner"),
             until=str(done), threads=2)))
         worker.start()
         # 1. add a key that only verifies; 2. switch the signer to it
         new_key = keygen(service.key_dir, "--no-sign")
         fhmon_key("use", new_key, "--key-dir", str(service.key_dir))
-        assert wait_until(lambda: key_id_of(handle(agent, "file")) == new_key)
-        new_handle = handle(agent, "file")
+        assert wait_until(lambda: key_id_of(signed_handle_args(agent, "file")) == new_key)
+        new_handle = signed_handle_args(agent, "file")
         assert agent.call("obh", **old_handle)["errno"] == 0  # old handles still verify
         # 3. (wait for old handles to age out) 4. retire the old key
         fhmon_key("retire", old_key, "--key-dir", str(service.key_dir))
@@ -81,7 +69,7 @@ def test_sighup_reloads_and_a_broken_key_dir_keeps_the_old_keys(world: World) ->
     service = Service(world.base, [str(world.shares / "*")], name="reload")
     agent = Agent(world, "fhmon", world.main, service.socket)
     try:
-        h = handle(agent, "file")
+        h = signed_handle_args(agent, "file")
         signer_file = service.key_dir / "signing-key-id"
         saved = signer_file.read_text()
         signer_file.write_text("zzzz\n")
@@ -110,7 +98,7 @@ def test_two_nodes_share_handles(world: World) -> None:
     on_b = Agent(world, "fhmon", world.main, node_b.socket)
     try:
         for path in ("file", "dir", "dir/deep/leaf", "nobodys"):
-            from_a, from_b = handle(on_a, path), handle(on_b, path)
+            from_a, from_b = signed_handle_args(on_a, path), signed_handle_args(on_b, path)
             assert from_a == from_b, path  # virtiofsd compares the bytes after migration
             opened = on_b.call("obh", **from_a)
             assert opened["errno"] == 0, (path, opened)
@@ -118,7 +106,7 @@ def test_two_nodes_share_handles(world: World) -> None:
         other = Service(world.base, [str(world.shares / "*")], name="node-c")
         stranger = Agent(world, "fhmon", world.main, other.socket)
         try:
-            assert stranger.call("obh", **handle(on_a, "file"))["errno"] == errno.ESTALE
+            assert stranger.call("obh", **signed_handle_args(on_a, "file"))["errno"] == errno.ESTALE
         finally:
             stranger.close()
             other.stop()

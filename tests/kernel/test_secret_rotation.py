@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 from monitor import signing
 from tests.support import Agent, Service, World, wait_until
-from tests.support.handles import N2HResult
+from tests.support.handles import key_id_of, signed_handle_args
 
 SECRET_MODE = 0o400  # the DaemonSet's defaultMode (tests/deploy checks it)
 
@@ -55,16 +54,6 @@ def read_dir(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in path.iterdir()}
 
 
-def handle(agent: Agent, path: str) -> dict[str, Any]:
-    r = N2HResult.of(agent.call("n2h", path=path))
-    assert r.errno == 0
-    return {"handle_type": r.handle_type, "f_handle": r.f_handle.hex()}
-
-
-def key_id_of(h: dict[str, Any]) -> str:
-    return bytes.fromhex(h["f_handle"])[-20:-16].hex()
-
-
 def test_secret_update_is_picked_up_without_a_signal(world: World, tmp_path: Path) -> None:
     staging = tmp_path / "fhmon-keys"  # the operator's local copy (docs/deploy.md)
     old = f"{signing.keygen(staging):08x}"
@@ -74,24 +63,25 @@ def test_secret_update_is_picked_up_without_a_signal(world: World, tmp_path: Pat
                       key_dir=volume.key_dir)
     agent = Agent(world, "fhmon", world.main, service.socket)
     try:
-        before = handle(agent, "file")
+        before = signed_handle_args(agent, "file")
         assert key_id_of(before) == old
         # 2. a verify-only key, published
         new = f"{signing.keygen(staging, make_signer=False):08x}"
         volume.publish(read_dir(staging))
         assert wait_until(lambda: len(service.status()["keys"]) == 2, timeout=10), service.status()
-        assert key_id_of(handle(agent, "file")) == old  # the signer is still the old key
+        # the signer is still the old key
+        assert key_id_of(signed_handle_args(agent, "file")) == old
         # 3. the new key signs, published
         signing.set_signer(staging, int(new, 16))
         volume.publish(read_dir(staging))
-        assert wait_until(lambda: key_id_of(handle(agent, "file")) == new, timeout=10)
+        assert wait_until(lambda: key_id_of(signed_handle_args(agent, "file")) == new, timeout=10)
         assert agent.call("obh", **before)["errno"] == 0  # old handles still verify
         # 4. the old key retired, published
         signing.retire(staging, int(old, 16))
         volume.publish(read_dir(staging))
         assert wait_until(lambda: len(service.status()["keys"]) == 1, timeout=10)
         assert agent.call("obh", **before)["errno"] != 0  # ESTALE: its key is gone
-        assert agent.call("obh", **handle(agent, "file"))["errno"] == 0
+        assert agent.call("obh", **signed_handle_args(agent, "file"))["errno"] == 0
         reloads = [e for e in service.events() if e.get("event") == "keys_reloaded"]
         assert len(reloads) >= 3, reloads
         assert not any(e.get("event") == "keys_reload_failed" for e in service.events())

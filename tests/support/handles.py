@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.support.agent import Agent
 
 CANARY = 0xA5
 TRAILER = 20
@@ -49,3 +52,15 @@ class N2HResult:
         """
         assert self.memory is not None
         return all(b == CANARY for b in self.memory[offset:])
+
+
+def signed_handle_args(agent: Agent, path: str) -> dict[str, Any]:
+    """The agent's own signed handle for path, as the arguments of its "obh" call."""
+    r = N2HResult.of(agent.call("n2h", path=path))
+    assert r.errno == 0
+    return {"handle_type": r.handle_type, "f_handle": r.f_handle.hex()}
+
+
+def key_id_of(args: dict[str, Any]) -> str:
+    """The id (hex) of the key that signed a handle given as signed_handle_args returns it."""
+    return bytes.fromhex(args["f_handle"])[-TRAILER:-TRAILER + 4].hex()
