@@ -28,7 +28,6 @@ import errno
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import threading
@@ -43,6 +42,7 @@ from tests.adversarial.common import AT_SYMLINK_FOLLOW, EXHAUSTION, errname, sig
 from tests.adversarial.recording import Recorder
 from tests.support import FHMON, NOBODY, Agent, Service, World
 from tests.support.agent import NamespaceAgent
+from tests.support.world import nobodys_directory
 
 LIVENESS = 10.0  # seconds for one call to be answered
 LEASE_BREAK = 25  # /proc/sys/fs/lease-break-time during the lease attack
@@ -89,13 +89,8 @@ def services(world: World) -> Iterator[dict[str, Service]]:
 @pytest.fixture
 def arena(world: World) -> Iterator[Path]:
     """A directory of the share the attacker owns."""
-    path = world.main / "adv-avail"
-    path.mkdir(mode=0o755)
-    os.chown(path, NOBODY, NOBODY)
-    try:
+    with nobodys_directory(world.main / "adv-avail") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def within(seconds: float, call: Callable[[], Any]) -> tuple[Any, float] | None:

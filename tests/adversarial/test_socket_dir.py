@@ -24,6 +24,7 @@ from protocol import native
 from tests.adversarial.common import REGISTRATION, wait_for
 from tests.adversarial.recording import Recorder
 from tests.support import FHMON, NOBODY, SYSTEM_PYTHON, Agent, Service, World
+from tests.support.world import nobodys_directory
 
 # An impostor fhmon: binds the path, and for every connection reports what came in (bytes
 # and fds) on stdout, then answers a well-formed ACCEPT to lure the client on.
@@ -92,13 +93,8 @@ def launch(socket_path: Path | str, share: Path, *command: str,
 @pytest.fixture
 def nobodys_dir(world: World) -> Iterator[Path]:
     """A directory uid 65534 owns (where it can bind a socket)."""
-    directory = world.base / "impostor"
-    directory.mkdir(mode=0o755)
-    os.chown(directory, NOBODY, NOBODY)
-    try:
+    with nobodys_directory(world.base / "impostor") as directory:
         yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_launch_refuses_a_server_that_is_not_root(world: World, nobodys_dir: Path,

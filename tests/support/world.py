@@ -3,10 +3,12 @@ where fhmon and the agent programs are, and polling helpers for asynchronous cle
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,17 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return bool(predicate())
+
+
+@contextlib.contextmanager
+def nobodys_directory(path: Path) -> Iterator[Path]:
+    """A new directory at path that uid 65534 owns (to write or bind in), removed after."""
+    path.mkdir(mode=0o755)
+    os.chown(path, NOBODY, NOBODY)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def thread_syscalls(pid: int) -> dict[int, list[str]]:
