@@ -38,18 +38,18 @@ import signal
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from tests.support import NOBODY, Agent, Service, World, build_world
 from tests.support.handles import N2HResult
+from tests.support.world import lease_break_time
 
 ATTACKERS = ("storm", "long_paths", "symlinks", "lease")
 TARGETS = {"storm": 3.0, "long_paths": 3.0, "symlinks": 3.0, "lease": 2.0}
 AT_SYMLINK_FOLLOW = 0x400
-LEASE_SYSCTL = Path("/proc/sys/fs/lease-break-time")
 SYMLINKS = 40
 
 
@@ -82,16 +82,6 @@ def kill(agent: Agent) -> None:
         os.kill(agent.pid, signal.SIGKILL)
     agent.proc.kill()
     agent.proc.wait(10)
-
-
-@contextmanager
-def lease_break_time(seconds: int) -> Iterator[None]:
-    old = LEASE_SYSCTL.read_text()
-    LEASE_SYSCTL.write_text(f"{seconds}\n")
-    try:
-        yield
-    finally:
-        LEASE_SYSCTL.write_text(old)
 
 
 def storm_pairs(world: World, service: Service, neighbour: Agent, spec: dict[str, Any],

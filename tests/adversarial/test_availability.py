@@ -42,14 +42,13 @@ from tests.adversarial.common import AT_SYMLINK_FOLLOW, EXHAUSTION, errname, sig
 from tests.adversarial.recording import Recorder
 from tests.support import FHMON, NOBODY, Agent, Service, World
 from tests.support.agent import NamespaceAgent
-from tests.support.world import nobodys_directory
+from tests.support.world import lease_break_time, nobodys_directory
 
 LIVENESS = 10.0  # seconds for one call to be answered
 LEASE_BREAK = 25  # /proc/sys/fs/lease-break-time during the lease attack
 LINGER = 25  # SO_LINGER seconds of the attacker's socket
 MOUNTS = 10_000  # tmpfs stacked on one directory
 SYMLINKS = 40  # the kernel follows at most 40 per lookup
-LEASE_SYSCTL = Path("/proc/sys/fs/lease-break-time")
 
 PYTHON_ONE_THREAD = (
     "BUG: the python plane answers every target on its one dispatch thread: while it "
@@ -226,12 +225,8 @@ def kill(agent: Agent) -> None:
 
 @pytest.fixture
 def short_lease_break() -> Iterator[None]:
-    old = LEASE_SYSCTL.read_text()
-    LEASE_SYSCTL.write_text(f"{LEASE_BREAK}\n")
-    try:
+    with lease_break_time(LEASE_BREAK):
         yield
-    finally:
-        LEASE_SYSCTL.write_text(old)
 
 
 @pytest.mark.usefixtures("short_lease_break")

@@ -41,6 +41,21 @@ def nobodys_directory(path: Path) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+LEASE_SYSCTL = Path("/proc/sys/fs/lease-break-time")
+
+
+@contextlib.contextmanager
+def lease_break_time(seconds: int) -> Iterator[None]:
+    """The host's lease-break time set to seconds (how long an open waits for a lease
+    holder, the blocking call of the lease attacks), restored after."""
+    old = LEASE_SYSCTL.read_text()
+    LEASE_SYSCTL.write_text(f"{seconds}\n")
+    try:
+        yield
+    finally:
+        LEASE_SYSCTL.write_text(old)
+
+
 def thread_syscalls(pid: int) -> dict[int, list[str]]:
     """Each live thread of pid and its /proc/PID/task/TID/syscall fields: the syscall number
     it is in (or "running"), then its arguments in hex (what a thread sleeps in)."""
