@@ -33,7 +33,7 @@ from protocol import kernel
 
 if TYPE_CHECKING:
     from monitor.calls import Answerer, Target
-    from monitor.config import Config
+    from monitor.listener import SharedReceiveLock
     from monitor.signing import KeyRing
 
 _log = logging.getLogger("fhmon.dataplane")
@@ -180,12 +180,19 @@ def _result_name(code: int) -> str:
     return errno.errorcode.get(code, str(code))
 
 
-def make_data_plane(config: Config, answer: Answerer, stats: CallStats,
-                    keys: KeyRing) -> DataPlane:
-    if config.data_plane == "native":
-        return NativeDataPlane(answer, stats, keys, signing=config.signing,
-                               threads_per_target=config.data_plane_threads)
-    return PythonDataPlane(answer)
+def make_data_plane(plane: str, answer: Answerer, stats: CallStats, keys: KeyRing, *,
+                    signing: bool, threads_per_target: int,
+                    shared: SharedReceiveLock | None = None) -> DataPlane:
+    """The plane `data_plane` names, for fhmon serve and for each worker alike.
+
+    shared: the lock of workers that all wait on every listener. Only the python plane
+    needs it (another process may RECV the call its epoll reported); the native plane's
+    threads block in RECV on their own listener, and a call goes to exactly one RECV.
+    """
+    if plane == "native":
+        return NativeDataPlane(answer, stats, keys, signing=signing,
+                               threads_per_target=threads_per_target)
+    return PythonDataPlane(answer, shared=shared)
 
 
 __all__ = ["DataPlane", "DataPlaneUnavailable", "NativeDataPlane", "PythonDataPlane",

@@ -121,8 +121,10 @@ class Service:
                                            sandbox=self.config.sandbox).items():
                 log.event(event, **fields)
             if not self._workers:
-                self._plane = make_data_plane(self.config, self._answer, self.stats,
-                                              self.keys)
+                c = self.config
+                self._plane = make_data_plane(c.data_plane, self._answer, self.stats,
+                                              self.keys, signing=c.signing,
+                                              threads_per_target=c.data_plane_threads)
             async with trio.open_nursery() as nursery:
                 if self._plane is not None:
                     nursery.start_soon(self._run_data_plane, self._plane)

@@ -39,12 +39,7 @@ import time
 from monitor import fdpass, log
 from monitor.audit import audit_middleware
 from monitor.calls import Answerer, PeerCred, Target
-from monitor.dataplane import (
-    DataPlane,
-    DataPlaneUnavailable,
-    NativeDataPlane,
-    PythonDataPlane,
-)
+from monitor.dataplane import DataPlane, DataPlaneUnavailable, make_data_plane
 from monitor.handlers.registry import HandlerRegistry
 from monitor.hardening import lock_down
 from monitor.listener import Listener, SharedReceiveLock
@@ -67,15 +62,9 @@ class Worker:
         handlers = HandlerRegistry([metrics_middleware(self.stats),
                                     audit_middleware(self.stats)])
         answer = Answerer(handlers, lambda: self.keys, start.signing)
-        self.plane: DataPlane
-        if start.data_plane == "native":
-            # per target, its own native threads blocked in RECV: a call goes to exactly one
-            # RECV of one worker, so the workers need no lock between them
-            self.plane = NativeDataPlane(answer, self.stats, keys, signing=start.signing,
-                                         threads_per_target=start.data_plane_threads)
-        else:
-            # every worker waits on every listener: another may RECV the call epoll reported
-            self.plane = PythonDataPlane(answer, shared=receive_lock)
+        self.plane: DataPlane = make_data_plane(
+            start.data_plane, answer, self.stats, keys, signing=start.signing,
+            threads_per_target=start.data_plane_threads, shared=receive_lock)
         self.targets: dict[int, Target] = {}
         self._hung_up: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._reported_calls: dict[int, int] = {}

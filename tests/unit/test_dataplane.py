@@ -17,9 +17,11 @@ from monitor.signing import KeyRing
 
 def _make(plane: str) -> dataplane.DataPlane:
     keys = KeyRing({1: bytes(range(32))}, 1)
-    return dataplane.make_data_plane(Config(data_plane=plane),
+    config = Config(data_plane=plane)
+    return dataplane.make_data_plane(config.data_plane,
                                      Answerer(HandlerRegistry(), lambda: keys, True), CallStats(),
-                                     keys)
+                                     keys, signing=config.signing,
+                                     threads_per_target=config.data_plane_threads)
 
 
 def test_each_setting_builds_its_plane() -> None:
