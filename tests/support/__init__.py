@@ -1,12 +1,14 @@
 """What the tests build on: the world tree, a running fhmon, target agents, raw intake
 clients and handle shorthands. conftest.py only turns these into fixtures.
 
-- world.py: World and build_world, NOBODY, FHMON, SYSTEM_PYTHON, wait_until, thread_syscalls
+- world.py: World and build_world, NOBODY, FHMON, SYSTEM_PYTHON, wait_until, thread_syscalls,
+  nobodys_directory, lease_break_time
 - service.py: Service (a `fhmon serve`), Runner and unprivileged_runner (fhmon as uid 65534)
 - agent.py: Agent, the driver of target_agent.py (the target program itself), and
   NamespaceAgent (through `unshare -Urm`)
 - listeners.py, handles.py, mounts.py: filtered children and raw intake messages, the
-  N2HResult of a name_to_handle_at, mounts for a test's lifetime
+  N2HResult of a name_to_handle_at (and signed_handle_args, key_id_of), mounts for a
+  test's lifetime
 - load.py: a busy target across fhmon restarts; keeper.py: a `fhmon keeper` process
 - oci_runtime.py: a stand-in OCI runtime (`python -m tests.support.oci_runtime`)
 - kubevirt.py: the virt-launcher pod, the launcher bundle, the webhook on loopback TLS
