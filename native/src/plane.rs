@@ -228,8 +228,8 @@ pub struct Plane {
 
 enum Outcome {
     Return(i64),
-    /// answered by ADDFD|SEND
-    Injected,
+    /// answered by ADDFD|SEND of this fd with these newfd flags (the answer() sends it)
+    Inject(OwnedFd, u32),
     Error(i32, Option<&'static str>),
     Gone,
     Defer,
@@ -473,7 +473,7 @@ impl Plane {
                 return Ok(()); // the Python reference counts its own calls
             }
             Outcome::Gone => GONE,
-            Outcome::Injected => 0,
+            Outcome::Inject(fd, newfd_flags) => self.inject(target, &notif, fd, newfd_flags),
             Outcome::Return(val) => {
                 let resp = abi::encode_response(notif.id, val, 0);
                 let _ = sys::notif_send(target.listener.as_fd(), &resp);
@@ -497,6 +497,31 @@ impl Plane {
         };
         self.record(target, syscall, result, start);
         if panicked { Err(()) } else { Ok(()) }
+    }
+
+    /// ADDFD|SEND: the fd lands in the target and the call returns its number, atomically.
+    fn inject(&self, target: &Target, n: &Notification, fd: OwnedFd, newfd_flags: u32) -> usize {
+        let addfd = abi::encode_addfd(
+            n.id,
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            newfd_flags,
+            abi::SECCOMP_ADDFD_FLAG_SEND,
+        );
+        // no signal may interrupt ADDFD|SEND once the kernel marked the call answered
+        let mask = sys::block_all_signals();
+        let added = sys::notif_addfd(target.listener.as_fd(), &addfd);
+        sys::restore_signals(&mask);
+        drop(fd);
+        match added {
+            Ok(_) => 0,
+            Err(libc::ENOENT) => GONE,
+            Err(e) => {
+                // e.g. EMFILE in the target: the call still waits for an answer
+                let resp = abi::encode_response(n.id, 0, e);
+                let _ = sys::notif_send(target.listener.as_fd(), &resp);
+                (e as usize).min(MAX_ERRNO)
+            }
+        }
     }
 
     /// What to answer: the uid check, then the handler (None: not one of ours).

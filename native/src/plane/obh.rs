@@ -103,21 +103,7 @@ impl Plane {
         } else {
             0
         };
-        let addfd = abi::encode_addfd(
-            n.id,
-            std::os::fd::AsRawFd::as_raw_fd(&opened),
-            newfd_flags,
-            abi::SECCOMP_ADDFD_FLAG_SEND,
-        );
-        // no signal may interrupt ADDFD|SEND once the kernel marked the call answered
-        let mask = sys::block_all_signals();
-        let added = sys::notif_addfd(target.listener.as_fd(), &addfd);
-        sys::restore_signals(&mask);
-        match added {
-            Ok(_) => Outcome::Injected,
-            Err(libc::ENOENT) => Outcome::Gone,
-            Err(e) => err(e), // e.g. EMFILE in the target
-        }
+        Outcome::Inject(opened, newfd_flags)
     }
 
     /// _mount_fd_device: EBADF as the kernel gives it (a bad fd, an O_PATH fd), else the
