@@ -8,9 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from monitor.audit import audit_middleware
 from monitor.handlers.base import CallContext
 from monitor.handlers.registry import HandlerRegistry
 from monitor.listener import Listener
+from monitor.metrics import CallStats, metrics_middleware
 from monitor.policy import Share
 from monitor.signing import KeyRing
 from monitor.target_thread import TargetThread
@@ -66,3 +68,11 @@ class Answerer:
         thread = TargetThread(target.listener, notif, target.threads)
         self.registry.dispatch(CallContext(thread, target.share, self._keys(), self._signing,
                                            target.target_id, target.peer.uid))
+
+
+def reference_answerer(stats: CallStats, keys: Callable[[], KeyRing],
+                       signing: bool) -> Answerer:
+    """The Python reference plane's answerer, as `fhmon serve` and each worker build it: the
+    handler registry with the metrics and audit middleware, both counting into stats."""
+    return Answerer(HandlerRegistry([metrics_middleware(stats), audit_middleware(stats)]),
+                    keys, signing)

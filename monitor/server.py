@@ -22,18 +22,16 @@ from typing import Any
 import trio
 
 from monitor import log
-from monitor.audit import audit_middleware
-from monitor.calls import Answerer, PeerCred, Target
+from monitor.calls import PeerCred, Target, reference_answerer
 from monitor.config import Config
 from monitor.dataplane import DataPlane, make_data_plane
-from monitor.handlers.registry import HandlerRegistry
 from monitor.hardening import lock_down
 from monitor.intake import Intake
 from monitor.intake_socket import open_intake_socket
 from monitor.keeper_client import KeeperClient
 from monitor.key_watch import watch_key_dir
 from monitor.listener import Listener
-from monitor.metrics import CallStats, metrics_middleware
+from monitor.metrics import CallStats
 from monitor.policy import RegistrationRefused
 from monitor.proc_status import Credentials
 from monitor.prom import Metrics
@@ -62,9 +60,7 @@ class Service:
         self.keeper = (KeeperClient(config.keeper_socket, self.metrics,
                                     lambda: self.targets.values())
                        if config.keeper_socket else None)
-        self.handlers = HandlerRegistry([metrics_middleware(self.stats),
-                                         audit_middleware(self.stats)])
-        self._answer = Answerer(self.handlers, lambda: self.keys, config.signing)
+        self._answer = reference_answerer(self.stats, lambda: self.keys, config.signing)
         self.started = time.time()
         self.key_error: str | None = None
         self.intake = Intake(config, self)

@@ -37,13 +37,11 @@ import threading
 import time
 
 from monitor import fdpass, log
-from monitor.audit import audit_middleware
-from monitor.calls import Answerer, PeerCred, Target
+from monitor.calls import PeerCred, Target, reference_answerer
 from monitor.dataplane import DataPlane, DataPlaneUnavailable, make_data_plane
-from monitor.handlers.registry import HandlerRegistry
 from monitor.hardening import lock_down
 from monitor.listener import Listener, SharedReceiveLock
-from monitor.metrics import CallStats, metrics_middleware
+from monitor.metrics import CallStats
 from monitor.policy import Share
 from monitor.signing import KeyDirError, KeyRing
 from protocol import worker as wire
@@ -59,9 +57,7 @@ class Worker:
         self.receive_lock = receive_lock
         self.keys = keys
         self.stats = CallStats()
-        handlers = HandlerRegistry([metrics_middleware(self.stats),
-                                    audit_middleware(self.stats)])
-        answer = Answerer(handlers, lambda: self.keys, start.signing)
+        answer = reference_answerer(self.stats, lambda: self.keys, start.signing)
         self.plane: DataPlane = make_data_plane(
             start.data_plane, answer, self.stats, keys, signing=start.signing,
             threads_per_target=start.data_plane_threads, shared=receive_lock)

@@ -228,11 +228,8 @@ def key_id(f_handle: bytes) -> str:
 
 @pytest.fixture
 def keyed(world: World) -> Iterator[Service]:
-    service = Service(world.base, [str(world.shares / "*")], name="adv-keys")
-    try:
+    with Service(world.base, [str(world.shares / "*")], name="adv-keys") as service:
         yield service
-    finally:
-        service.stop()
 
 
 def test_unknown_and_retired_keys(keyed: Service, fhmon: Service, world: World,
@@ -269,9 +266,8 @@ def test_unknown_and_retired_keys(keyed: Service, fhmon: Service, world: World,
         (impostor_keys / f"{key_id(new)}.key").write_text(os.urandom(32).hex() + "\n")
         (impostor_keys / f"{key_id(new)}.key").chmod(0o600)
         (impostor_keys / "signing-key-id").write_text(key_id(new) + "\n")
-        impostor = Service(world.base, [str(world.shares / "*")], name="adv-impostor",
-                           key_dir=impostor_keys)
-        try:
+        with Service(world.base, [str(world.shares / "*")], name="adv-impostor",
+                     key_dir=impostor_keys) as impostor:
             spy = Agent(world, "fhmon", world.main, impostor.socket)
             try:
                 _, forged = signed(spy, "file")
@@ -280,8 +276,6 @@ def test_unknown_and_retired_keys(keyed: Service, fhmon: Service, world: World,
                        errno.ESTALE, obh_errno(agent, htype, forged))
             finally:
                 spy.close()
-        finally:
-            impostor.stop()
     finally:
         agent.close()
         elsewhere.close()

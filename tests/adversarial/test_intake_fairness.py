@@ -89,37 +89,35 @@ def holders() -> Iterator[list[Holder]]:
 
 def test_a_group_member_holding_every_slot_starves_neither_root_nor_the_probe(
         world: World, record: Recorder, holders: list[Holder]) -> None:
-    service = grouped_fhmon(world, "fair-root", "max_connections = 8\n")
-    try:
-        holders.append(Holder(service.socket, 20, NOBODY))
-        probed = probe_ok(service)
+    with grouped_fhmon(world, "fair-root", "max_connections = 8\n") as service:
         try:
-            agent = Agent(world, "fhmon", world.main, service.socket, user=None)  # root's
-        except RuntimeError:  # the launch was refused
-            answered = False
-        else:
+            holders.append(Holder(service.socket, 20, NOBODY))
+            probed = probe_ok(service)
             try:
-                answered = agent.call("n2h", path="file", answer_within=10)["errno"] == 0
-            finally:
-                agent.close()
-        record(REGISTRATION, "uid 65534 (in socket_group) holds 20 idle connections against "
-               "max_connections = 8; then root probes and registers",
-               "the member holds at most 8; root's probe and registration succeed",
-               f"member holds {holders[0].held}; probe {'ok' if probed else 'REFUSED'}; root "
-               f"registration {'served' if answered else 'NOT served'}",
-               ok=holders[0].held <= 8 and probed and answered)
-    finally:
-        for holder in holders:
-            holder.close()
-        holders.clear()
-        service.stop()
+                agent = Agent(world, "fhmon", world.main, service.socket, user=None)  # root's
+            except RuntimeError:  # the launch was refused
+                answered = False
+            else:
+                try:
+                    answered = agent.call("n2h", path="file", answer_within=10)["errno"] == 0
+                finally:
+                    agent.close()
+            record(REGISTRATION, "uid 65534 (in socket_group) holds 20 idle connections against "
+                   "max_connections = 8; then root probes and registers",
+                   "the member holds at most 8; root's probe and registration succeed",
+                   f"member holds {holders[0].held}; probe {'ok' if probed else 'REFUSED'}; root "
+                   f"registration {'served' if answered else 'NOT served'}",
+                   ok=holders[0].held <= 8 and probed and answered)
+        finally:
+            for holder in holders:
+                holder.close()
+            holders.clear()
 
 
 def test_one_uid_cannot_take_every_non_root_slot(world: World, record: Recorder,
                                                  holders: list[Holder]) -> None:
-    service = grouped_fhmon(world, "fair-uid",
-                            "max_connections = 8\nmax_connections_per_uid = 3\n")
-    try:
+    with grouped_fhmon(world, "fair-uid",
+                       "max_connections = 8\nmax_connections_per_uid = 3\n") as service:
         first = Holder(service.socket, 20, NOBODY)
         holders.append(first)
         second = Holder(service.socket, 20, NOBODY - 1)  # another member of the group
@@ -141,48 +139,45 @@ def test_one_uid_cannot_take_every_non_root_slot(world: World, record: Recorder,
         holders.clear()
         assert wait_for(lambda: Holder(service.socket, 3, NOBODY).held == 3, 10), \
             "the slots did not come back"
-    finally:
-        service.stop()
 
 
 def test_registered_launchers_do_not_count_against_the_per_uid_cap(
         world: World, unprivileged: Runner, record: Recorder) -> None:
     """A uid that launches more targets than max_connections_per_uid (virt-handler runs
     one virtiofsd per VM) keeps every registration: lingering connections are targets."""
-    service = grouped_fhmon(world, "fair-linger", "max_connections_per_uid = 2\n")
-    launchers: list[subprocess.Popen[str]] = []
-    try:
-        answered = 0
-        for _ in range(4):  # `fhmon launch` run by uid 65534 itself (peer uid 65534)
-            proc = subprocess.Popen(
-                [*unprivileged.fhmon("launch", "--socket", service.socket, "--share",
-                                     str(world.main)), "--", SYSTEM_PYTHON, str(world.agent),
-                 str(world.main)], env=unprivileged.env, cwd="/", stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                **run_as_nobody())
-            launchers.append(proc)
-            assert proc.stdout is not None and proc.stdin is not None
-            assert proc.stdout.readline(), proc.stderr.read() if proc.stderr else ""
-        for proc in launchers:
-            assert proc.stdout is not None and proc.stdin is not None
-            proc.stdin.write(json.dumps({"op": "n2h", "path": "file"}) + "\n")
-            proc.stdin.flush()
-            answered += json.loads(proc.stdout.readline())["errno"] == 0
-        probed = probe_ok(service)
-        record(REGISTRATION, "uid 65534 runs 4 `fhmon launch` (each stays connected) with "
-               "max_connections_per_uid = 2", "all 4 registered and served",
-               f"{answered} served; probe {'ok' if probed else 'REFUSED'}",
-               ok=answered == 4 and probed)
-    finally:
-        for proc in launchers:
-            if proc.stdin is not None:
-                proc.stdin.close()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        service.stop()
+    with grouped_fhmon(world, "fair-linger", "max_connections_per_uid = 2\n") as service:
+        launchers: list[subprocess.Popen[str]] = []
+        try:
+            answered = 0
+            for _ in range(4):  # `fhmon launch` run by uid 65534 itself (peer uid 65534)
+                proc = subprocess.Popen(
+                    [*unprivileged.fhmon("launch", "--socket", service.socket, "--share",
+                                         str(world.main)), "--", SYSTEM_PYTHON, str(world.agent),
+                     str(world.main)], env=unprivileged.env, cwd="/", stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    **run_as_nobody())
+                launchers.append(proc)
+                assert proc.stdout is not None and proc.stdin is not None
+                assert proc.stdout.readline(), proc.stderr.read() if proc.stderr else ""
+            for proc in launchers:
+                assert proc.stdout is not None and proc.stdin is not None
+                proc.stdin.write(json.dumps({"op": "n2h", "path": "file"}) + "\n")
+                proc.stdin.flush()
+                answered += json.loads(proc.stdout.readline())["errno"] == 0
+            probed = probe_ok(service)
+            record(REGISTRATION, "uid 65534 runs 4 `fhmon launch` (each stays connected) with "
+                   "max_connections_per_uid = 2", "all 4 registered and served",
+                   f"{answered} served; probe {'ok' if probed else 'REFUSED'}",
+                   ok=answered == 4 and probed)
+        finally:
+            for proc in launchers:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 # Pipelines PING frames as fast as fhmon takes them for `seconds`; reports how many PONGs
@@ -214,27 +209,26 @@ def test_a_pipelining_client_is_answered_and_so_is_everyone_else(
     """Speed is measured in bench/intake.py (neighbour p99 ratios); here: answered."""
     from protocol import native
 
-    service = grouped_fhmon(world, "fair-pipe", "")
-    victim = Agent(world, "fhmon", world.main, service.socket)
-    floods = [subprocess.Popen([SYSTEM_PYTHON, "-c", PIPELINER, service.socket, "4",
-                                native.encode(native.Ping()).hex()], stdout=subprocess.PIPE,
-                               text=True, **run_as_nobody()) for _ in range(4)]
-    try:
-        answered = sum(victim.call("n2h", path="file", answer_within=10)["errno"] == 0
-                       for _ in range(200))
-        probed = probe_ok(service)
-        pongs = [json.loads(f.communicate(timeout=30)[0])["pong_bytes"] for f in floods]
-        alive = service.proc is not None and service.proc.poll() is None
-        record(REGISTRATION, "4 connections of uid 65534 pipeline PINGs for 4 s while a "
-               "target makes 200 calls", "every call answered; the probe answered; the "
-               "flood answered too (paced); fhmon up",
-               f"{answered}/200 answered; probe {'ok' if probed else 'REFUSED'}; flood got "
-               f"{min(pongs)}-{max(pongs)} bytes of PONGs; fhmon {'up' if alive else 'DOWN'}",
-               ok=answered == 200 and probed and min(pongs) > 0 and alive)
-    finally:
-        for flood in floods:
-            if flood.poll() is None:
-                flood.kill()
-                flood.wait()
-        victim.close()
-        service.stop()
+    with grouped_fhmon(world, "fair-pipe", "") as service:
+        victim = Agent(world, "fhmon", world.main, service.socket)
+        floods = [subprocess.Popen([SYSTEM_PYTHON, "-c", PIPELINER, service.socket, "4",
+                                    native.encode(native.Ping()).hex()], stdout=subprocess.PIPE,
+                                   text=True, **run_as_nobody()) for _ in range(4)]
+        try:
+            answered = sum(victim.call("n2h", path="file", answer_within=10)["errno"] == 0
+                           for _ in range(200))
+            probed = probe_ok(service)
+            pongs = [json.loads(f.communicate(timeout=30)[0])["pong_bytes"] for f in floods]
+            alive = service.proc is not None and service.proc.poll() is None
+            record(REGISTRATION, "4 connections of uid 65534 pipeline PINGs for 4 s while a "
+                   "target makes 200 calls", "every call answered; the probe answered; the "
+                   "flood answered too (paced); fhmon up",
+                   f"{answered}/200 answered; probe {'ok' if probed else 'REFUSED'}; flood got "
+                   f"{min(pongs)}-{max(pongs)} bytes of PONGs; fhmon {'up' if alive else 'DOWN'}",
+                   ok=answered == 200 and probed and min(pongs) > 0 and alive)
+        finally:
+            for flood in floods:
+                if flood.poll() is None:
+                    flood.kill()
+                    flood.wait()
+            victim.close()

@@ -101,11 +101,8 @@ def test_a_second_listener_for_a_served_process_is_refused(
 def test_the_same_listener_for_its_own_process_is_still_accepted(
         world: World, child: FilteredChild) -> None:
     """The counterpart: the check refuses only a pid fhmon already serves."""
-    service = Service(world.base, [str(world.shares / "*")], name="busy-control")
-    try:
+    with Service(world.base, [str(world.shares / "*")], name="busy-control") as service:
         decoder = native.FrameDecoder()
         decoder.feed(send_raw(service.socket, hello(str(world.main), child.pid), [child.listener]))
         answer = decoder.next_message()
         assert isinstance(answer, native.Accept), answer
-    finally:
-        service.stop()

@@ -304,13 +304,12 @@ def open_fhmon(world: World) -> Iterator[Service]:
                       f'socket_group = {NOBODY}\n')
     private = world.shares / "adv_private"
     private.mkdir(mode=0o700, exist_ok=True)
-    service = Service(world.base, [str(world.shares / "*")], name="adv-open",
-                      extra=["--config", str(config)])
-    os.chmod(service.dir, 0o755)
     try:
-        yield service
+        with Service(world.base, [str(world.shares / "*")], name="adv-open",
+                     extra=["--config", str(config)]) as service:
+            os.chmod(service.dir, 0o755)
+            yield service
     finally:
-        service.stop()
         private.rmdir()
 
 

@@ -37,6 +37,7 @@ from tests.adversarial.common import (
 )
 from tests.adversarial.recording import Recorder
 from tests.support import Agent, Service, World
+from tests.support.world import deep_directory
 
 
 @contextlib.contextmanager
@@ -201,13 +202,7 @@ DEPTH = 24  # 24 x 201 bytes: about 4,800, past PATH_MAX
 def deep_tree(world: World) -> Iterator[Path]:
     """share/adv_deep/ppp.../ppp.../bottom/{leaf,sub/}, built by mkdirat chains."""
     top = make_dir(world.main / "adv_deep")
-    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(DEPTH):
-            os.mkdir(COMPONENT, 0o755, dir_fd=fd)
-            nxt = os.open(COMPONENT, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
+    with deep_directory(top, COMPONENT, DEPTH) as fd:
         os.mkdir("bottom", 0o755, dir_fd=fd)
         bottom = os.open("bottom", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
         leaf = os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=bottom)
@@ -215,8 +210,6 @@ def deep_tree(world: World) -> Iterator[Path]:
         os.close(leaf)
         os.mkdir("sub", 0o755, dir_fd=bottom)
         os.close(bottom)
-    finally:
-        os.close(fd)
     try:
         yield top
     finally:

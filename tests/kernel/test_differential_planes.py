@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from tests.support import NOBODY, Agent, Service, World
 from tests.support.handles import N2HResult
 from tests.support.mounts import mounted
+from tests.support.world import deep_directory
 
 AT_SYMLINK_FOLLOW = 0x400
 AT_EMPTY_PATH = 0x1000
@@ -200,17 +201,8 @@ def _build_tree(inner: Path) -> None:
     (inner / "top").write_text("top\n")
     (inner / "d" / "e").mkdir(parents=True)
     (inner / "d" / "f").write_text("moves with d\n")
-    fd = os.open(inner / "d", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(DEEP_LEVELS):
-            os.mkdir(DEEP_NAME, 0o755, dir_fd=fd)
-            next_fd = os.open(DEEP_NAME, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-        leaf = os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
-        os.close(leaf)
-    finally:
-        os.close(fd)
+    with deep_directory(inner / "d", DEEP_NAME, DEEP_LEVELS) as fd:
+        os.close(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
 
 
 LOOKUPS: list[tuple[str, str, int]] = [

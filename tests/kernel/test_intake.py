@@ -173,11 +173,10 @@ def strict_fhmon(world: World) -> Iterator[Service]:
     config.write_text('registration_timeout = 0.5\nsocket_mode = "0660"\nsocket_group = 65534\n')
     private = world.shares / "private"
     private.mkdir(mode=0o700, exist_ok=True)
-    service = Service(world.base, [str(world.shares / "*")], name="strict",
-                      extra=["--config", str(config)])
-    os.chmod(service.dir, 0o755)
-    yield service
-    service.stop()
+    with Service(world.base, [str(world.shares / "*")], name="strict",
+                 extra=["--config", str(config)]) as service:
+        os.chmod(service.dir, 0o755)
+        yield service
 
 
 class TestUnprivilegedClients:

@@ -39,59 +39,58 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 def test_metrics_logs_and_status(world: World) -> None:
     port = free_port()
-    service = Service(world.base, [str(world.shares / "*")], name="observed",
-                      extra=["--metrics-address", f"127.0.0.1:{port}"])
-    agent = Agent(world, "fhmon", world.main, service.socket)
-    try:
-        h = N2HResult.of(agent.call("n2h", path="file"))
-        for _ in range(10):
-            agent.call("obh", handle_type=h.handle_type, f_handle=h.f_handle.hex())
-        agent.call("obh", handle_type=h.handle_type, f_handle=(b"\0" * 28).hex())
-        agent.call("n2h", path="../../outside/secret")
-        agent.call("n2h", path="missing")
-        url = f"http://127.0.0.1:{port}/metrics"
-        scraped: list[str] = []
+    with Service(world.base, [str(world.shares / "*")], name="observed",
+                 extra=["--metrics-address", f"127.0.0.1:{port}"]) as service:
+        agent = Agent(world, "fhmon", world.main, service.socket)
+        try:
+            h = N2HResult.of(agent.call("n2h", path="file"))
+            for _ in range(10):
+                agent.call("obh", handle_type=h.handle_type, f_handle=h.f_handle.hex())
+            agent.call("obh", handle_type=h.handle_type, f_handle=(b"\0" * 28).hex())
+            agent.call("n2h", path="../../outside/secret")
+            agent.call("n2h", path="missing")
+            url = f"http://127.0.0.1:{port}/metrics"
+            scraped: list[str] = []
 
-        def counted() -> bool:  # with worker processes, counts arrive with their reports
-            scraped.append(urllib.request.urlopen(url, timeout=5).read().decode())
-            try:
-                return metric(scraped[-1], "fhmon_calls_total", syscall="name_to_handle_at",
-                              result="ENOENT") >= 1
-            except AssertionError:
-                return False
+            def counted() -> bool:  # with worker processes, counts arrive with their reports
+                scraped.append(urllib.request.urlopen(url, timeout=5).read().decode())
+                try:
+                    return metric(scraped[-1], "fhmon_calls_total", syscall="name_to_handle_at",
+                                  result="ENOENT") >= 1
+                except AssertionError:
+                    return False
 
-        wait_until(counted, timeout=5)
-        text = scraped[-1]
-        assert metric(text, "fhmon_calls_total", syscall="name_to_handle_at", result="ok") >= 1
-        assert metric(text, "fhmon_calls_total", syscall="open_by_handle_at", result="ok") >= 10
-        assert metric(text, "fhmon_calls_total", syscall="name_to_handle_at",
-                      result="ENOENT") >= 1
-        assert metric(text, "fhmon_mac_failures_total") >= 1
-        assert metric(text, "fhmon_confinement_refusals_total", reason="outside_share") >= 1
-        assert "_created" not in text
-        assert metric(text, "fhmon_build_info") == 1
-        assert metric(text, "fhmon_key_info", signer="true") == 1
-        assert metric(text, "fhmon_targets") == 1
-        assert metric(text, "fhmon_call_duration_seconds_bucket", syscall="open_by_handle_at",
-                      le="5e-05") >= 0
-        assert metric(text, "fhmon_open_fds") > 0
-        assert metric(text, "fhmon_registrations_total", outcome="accepted") == 1
+            wait_until(counted, timeout=5)
+            text = scraped[-1]
+            assert metric(text, "fhmon_calls_total", syscall="name_to_handle_at", result="ok") >= 1
+            assert metric(text, "fhmon_calls_total", syscall="open_by_handle_at", result="ok") >= 10
+            assert metric(text, "fhmon_calls_total", syscall="name_to_handle_at",
+                          result="ENOENT") >= 1
+            assert metric(text, "fhmon_mac_failures_total") >= 1
+            assert metric(text, "fhmon_confinement_refusals_total", reason="outside_share") >= 1
+            assert "_created" not in text
+            assert metric(text, "fhmon_build_info") == 1
+            assert metric(text, "fhmon_key_info", signer="true") == 1
+            assert metric(text, "fhmon_targets") == 1
+            assert metric(text, "fhmon_call_duration_seconds_bucket", syscall="open_by_handle_at",
+                          le="5e-05") >= 0
+            assert metric(text, "fhmon_open_fds") > 0
+            assert metric(text, "fhmon_registrations_total", outcome="accepted") == 1
 
-        status = subprocess.run([FHMON, "status", "--socket", service.socket],
-                                capture_output=True, text=True, check=True).stdout
-        assert str(agent.pid) in status and str(world.main) in status
+            status = subprocess.run([FHMON, "status", "--socket", service.socket],
+                                    capture_output=True, text=True, check=True).stdout
+            assert str(agent.pid) in status and str(world.main) in status
 
-        lines = service.log_text().splitlines()
-        events = [json.loads(line) for line in lines]  # every line is one JSON object
-        audit = [e for e in events if e.get("audit")]
-        reasons = {e["reason"] for e in audit}
-        assert {"bad or foreign MAC", "object outside the share"} <= reasons  # human text
-        assert {"mac_invalid", "outside_share"} <= {e["code"] for e in audit}  # as in metrics
-        for e in audit:
-            assert {"tid", "tgid", "share", "syscall", "errno"} <= set(e), e
-    finally:
-        agent.close()
-        service.stop()
+            lines = service.log_text().splitlines()
+            events = [json.loads(line) for line in lines]  # every line is one JSON object
+            audit = [e for e in events if e.get("audit")]
+            reasons = {e["reason"] for e in audit}
+            assert {"bad or foreign MAC", "object outside the share"} <= reasons  # human text
+            assert {"mac_invalid", "outside_share"} <= {e["code"] for e in audit}  # as in metrics
+            for e in audit:
+                assert {"tid", "tgid", "share", "syscall", "errno"} <= set(e), e
+        finally:
+            agent.close()
 
 
 def test_config_file_validation_and_print_config(tmp_path: Path) -> None:
@@ -132,21 +131,20 @@ def test_fhmon_keeps_only_the_capabilities_it_needs(fhmon: Service) -> None:
 
 
 def test_sandboxed_fhmon_serves_under_its_own_filter(world: World) -> None:
-    service = Service(world.base, [str(world.shares / "*")], name="sandboxed",
-                      extra=["--sandbox"])
-    agent = Agent(world, "fhmon", world.main, service.socket)
-    try:
-        h = N2HResult.of(agent.call("n2h", path="dir/inner"))
-        assert h.errno == 0
-        assert agent.call("obh", handle_type=h.handle_type,
-                          f_handle=h.f_handle.hex())["errno"] == 0
-        status = Path(f"/proc/{service.pid}/status").read_text()
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        assert fields["Seccomp"].strip() == "2" and fields["NoNewPrivs"].strip() == "1"
-        assert any(e.get("event") == "sandbox" and e["rules"] > 100 for e in service.events())
-    finally:
-        agent.close()
-        service.stop()
+    with Service(world.base, [str(world.shares / "*")], name="sandboxed",
+                 extra=["--sandbox"]) as service:
+        agent = Agent(world, "fhmon", world.main, service.socket)
+        try:
+            h = N2HResult.of(agent.call("n2h", path="dir/inner"))
+            assert h.errno == 0
+            assert agent.call("obh", handle_type=h.handle_type,
+                              f_handle=h.f_handle.hex())["errno"] == 0
+            status = Path(f"/proc/{service.pid}/status").read_text()
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            assert fields["Seccomp"].strip() == "2" and fields["NoNewPrivs"].strip() == "1"
+            assert any(e.get("event") == "sandbox" and e["rules"] > 100 for e in service.events())
+        finally:
+            agent.close()
 
 
 def test_socket_activation(world: World, tmp_path: Path) -> None:
@@ -195,39 +193,38 @@ def test_metrics_endpoint_survives_resets_and_broken_clients(world: World) -> No
     half-closed sockets and garbage never stop fhmon serve, which keeps answering calls
     and scrapes."""
     port = free_port()
-    service = Service(world.base, [str(world.shares / "*")], name="resets",
-                      extra=["--metrics-address", f"127.0.0.1:{port}"])
-    agent = Agent(world, "fhmon", world.main, service.socket)
-    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
-    try:
-        for _ in range(30):
-            reset(socket.create_connection(("127.0.0.1", port)))  # RST before a byte
-            s = socket.create_connection(("127.0.0.1", port))
-            s.sendall(request[:10])  # RST mid-request
-            reset(s)
-            s = socket.create_connection(("127.0.0.1", port))
-            s.sendall(request)  # RST while fhmon writes its answer
-            reset(s)
-            s = socket.create_connection(("127.0.0.1", port))
-            s.sendall(request)
-            s.recv(1)  # RST after fhmon began to answer
-            reset(s)
-            with socket.create_connection(("127.0.0.1", port)) as s:  # half-closed, no request
-                s.shutdown(socket.SHUT_WR)
-                s.settimeout(10)
-                s.recv(100)
-            with socket.create_connection(("127.0.0.1", port)) as s:  # garbage
-                s.sendall(bytes(range(256)) * 4 + b"\r\n\r\n")
-                s.settimeout(10)
-                with contextlib.suppress(OSError):
+    with Service(world.base, [str(world.shares / "*")], name="resets",
+                 extra=["--metrics-address", f"127.0.0.1:{port}"]) as service:
+        agent = Agent(world, "fhmon", world.main, service.socket)
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+        try:
+            for _ in range(30):
+                reset(socket.create_connection(("127.0.0.1", port)))  # RST before a byte
+                s = socket.create_connection(("127.0.0.1", port))
+                s.sendall(request[:10])  # RST mid-request
+                reset(s)
+                s = socket.create_connection(("127.0.0.1", port))
+                s.sendall(request)  # RST while fhmon writes its answer
+                reset(s)
+                s = socket.create_connection(("127.0.0.1", port))
+                s.sendall(request)
+                s.recv(1)  # RST after fhmon began to answer
+                reset(s)
+                with socket.create_connection(("127.0.0.1", port)) as s:  # half-closed, no request
+                    s.shutdown(socket.SHUT_WR)
+                    s.settimeout(10)
                     s.recv(100)
-        assert service.proc is not None and service.proc.poll() is None, service.log_text()
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-        assert b"fhmon_targets 1.0" in text
-        assert agent.call("n2h", path="file")["errno"] == 0
-    finally:
-        agent.close()
-        service.stop()
+                with socket.create_connection(("127.0.0.1", port)) as s:  # garbage
+                    s.sendall(bytes(range(256)) * 4 + b"\r\n\r\n")
+                    s.settimeout(10)
+                    with contextlib.suppress(OSError):
+                        s.recv(100)
+            assert service.proc is not None and service.proc.poll() is None, service.log_text()
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+            assert b"fhmon_targets 1.0" in text
+            assert agent.call("n2h", path="file")["errno"] == 0
+        finally:
+            agent.close()
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:
@@ -246,39 +243,39 @@ def test_readyz_says_why_fhmon_cannot_take_targets(world: World, tmp_path: Path)
     port = free_port()
     config = tmp_path / "readyz.toml"
     config.write_text("max_connections = 2\n")
-    service = Service(world.base, [str(world.shares / "*")], name="readyz",
-                      extra=["--metrics-address", f"127.0.0.1:{port}", "--config", str(config)])
-    broken = service.key_dir / "0badc0de.key"
-    try:
-        assert http_get(port, "/readyz") == (200, "ready\n")
-        assert http_get(port, "/healthz") == (200, "ok\n")
-        broken.write_text("not hex\n")
-        broken.chmod(0o600)
-        assert wait_until(lambda: http_get(port, "/readyz")[0] == 503, timeout=10)
-        status, reason = http_get(port, "/readyz")
-        assert status == 503
-        assert reason.startswith("key directory: the last load failed"), reason
-        assert str(service.key_dir) not in reason
-        assert http_get(port, "/healthz") == (200, "ok\n")  # alive, and old keys still serve
-        assert any(e.get("event") == "keys_reload_failed" and "0badc0de" in e["error"]
-                   for e in service.events())
-        broken.unlink()
-        assert wait_until(lambda: http_get(port, "/readyz") == (200, "ready\n"), timeout=10)
-        held = [socket.socket(socket.AF_UNIX) for _ in range(2)]
+    with Service(world.base, [str(world.shares / "*")], name="readyz",
+                 extra=["--metrics-address", f"127.0.0.1:{port}",
+                        "--config", str(config)]) as service:
+        broken = service.key_dir / "0badc0de.key"
         try:
-            for s in held:
-                s.connect(service.socket)
+            assert http_get(port, "/readyz") == (200, "ready\n")
+            assert http_get(port, "/healthz") == (200, "ok\n")
+            broken.write_text("not hex\n")
+            broken.chmod(0o600)
             assert wait_until(lambda: http_get(port, "/readyz")[0] == 503, timeout=10)
-            assert http_get(port, "/readyz")[1] == "intake at its connection cap\n"
+            status, reason = http_get(port, "/readyz")
+            assert status == 503
+            assert reason.startswith("key directory: the last load failed"), reason
+            assert str(service.key_dir) not in reason
+            assert http_get(port, "/healthz") == (200, "ok\n")  # alive, and old keys still serve
+            assert any(e.get("event") == "keys_reload_failed" and "0badc0de" in e["error"]
+                       for e in service.events())
+            broken.unlink()
+            assert wait_until(lambda: http_get(port, "/readyz") == (200, "ready\n"), timeout=10)
+            held = [socket.socket(socket.AF_UNIX) for _ in range(2)]
+            try:
+                for s in held:
+                    s.connect(service.socket)
+                assert wait_until(lambda: http_get(port, "/readyz")[0] == 503, timeout=10)
+                assert http_get(port, "/readyz")[1] == "intake at its connection cap\n"
+            finally:
+                for s in held:
+                    s.close()
+            assert wait_until(lambda: http_get(port, "/readyz") == (200, "ready\n"), timeout=10)
+            assert http_get(port, "/readyz?verbose=1")[0] == 200
+            assert http_get(port, "/ready")[0] == 404
         finally:
-            for s in held:
-                s.close()
-        assert wait_until(lambda: http_get(port, "/readyz") == (200, "ready\n"), timeout=10)
-        assert http_get(port, "/readyz?verbose=1")[0] == 200
-        assert http_get(port, "/ready")[0] == 404
-    finally:
-        broken.unlink(missing_ok=True)
-        service.stop()
+            broken.unlink(missing_ok=True)
 
 
 def test_keeper_metrics_count_deposits_and_restores(world: World) -> None:

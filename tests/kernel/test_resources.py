@@ -21,11 +21,8 @@ def lowest_free_fd(pid: int) -> int:
 
 @pytest.fixture
 def service(world: World) -> Iterator[Service]:
-    s = Service(world.base, [str(world.shares / "*")], name="fd-limit")
-    try:
+    with Service(world.base, [str(world.shares / "*")], name="fd-limit") as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_out_of_fds_the_target_gets_emfile_and_fhmon_goes_on(service: Service,

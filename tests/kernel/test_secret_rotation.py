@@ -59,33 +59,34 @@ def test_secret_update_is_picked_up_without_a_signal(world: World, tmp_path: Pat
     old = f"{signing.keygen(staging):08x}"
     volume = SecretVolume(tmp_path / "etc-fhmon-keys")
     volume.publish(read_dir(staging))
-    service = Service(world.base, [str(world.shares / "*")], name="secret-rotation",
-                      key_dir=volume.key_dir)
-    agent = Agent(world, "fhmon", world.main, service.socket)
-    try:
-        before = signed_handle_args(agent, "file")
-        assert key_id_of(before) == old
-        # 2. a verify-only key, published
-        new = f"{signing.keygen(staging, make_signer=False):08x}"
-        volume.publish(read_dir(staging))
-        assert wait_until(lambda: len(service.status()["keys"]) == 2, timeout=10), service.status()
-        # the signer is still the old key
-        assert key_id_of(signed_handle_args(agent, "file")) == old
-        # 3. the new key signs, published
-        signing.set_signer(staging, int(new, 16))
-        volume.publish(read_dir(staging))
-        assert wait_until(lambda: key_id_of(signed_handle_args(agent, "file")) == new, timeout=10)
-        assert agent.call("obh", **before)["errno"] == 0  # old handles still verify
-        # 4. the old key retired, published
-        signing.retire(staging, int(old, 16))
-        volume.publish(read_dir(staging))
-        assert wait_until(lambda: len(service.status()["keys"]) == 1, timeout=10)
-        assert agent.call("obh", **before)["errno"] != 0  # ESTALE: its key is gone
-        assert agent.call("obh", **signed_handle_args(agent, "file"))["errno"] == 0
-        reloads = [e for e in service.events() if e.get("event") == "keys_reloaded"]
-        assert len(reloads) >= 3, reloads
-        assert not any(e.get("event") == "keys_reload_failed" for e in service.events())
-        assert service.proc is not None and service.proc.poll() is None  # never restarted
-    finally:
-        agent.close()
-        service.stop()
+    with Service(world.base, [str(world.shares / "*")], name="secret-rotation",
+                 key_dir=volume.key_dir) as service:
+        agent = Agent(world, "fhmon", world.main, service.socket)
+        try:
+            before = signed_handle_args(agent, "file")
+            assert key_id_of(before) == old
+            # 2. a verify-only key, published
+            new = f"{signing.keygen(staging, make_signer=False):08x}"
+            volume.publish(read_dir(staging))
+            assert wait_until(lambda: len(service.status()["keys"]) == 2, timeout=10), \
+                service.status()
+            # the signer is still the old key
+            assert key_id_of(signed_handle_args(agent, "file")) == old
+            # 3. the new key signs, published
+            signing.set_signer(staging, int(new, 16))
+            volume.publish(read_dir(staging))
+            assert wait_until(lambda: key_id_of(signed_handle_args(agent, "file")) == new,
+                              timeout=10)
+            assert agent.call("obh", **before)["errno"] == 0  # old handles still verify
+            # 4. the old key retired, published
+            signing.retire(staging, int(old, 16))
+            volume.publish(read_dir(staging))
+            assert wait_until(lambda: len(service.status()["keys"]) == 1, timeout=10)
+            assert agent.call("obh", **before)["errno"] != 0  # ESTALE: its key is gone
+            assert agent.call("obh", **signed_handle_args(agent, "file"))["errno"] == 0
+            reloads = [e for e in service.events() if e.get("event") == "keys_reloaded"]
+            assert len(reloads) >= 3, reloads
+            assert not any(e.get("event") == "keys_reload_failed" for e in service.events())
+            assert service.proc is not None and service.proc.poll() is None  # never restarted
+        finally:
+            agent.close()

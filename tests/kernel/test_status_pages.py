@@ -24,12 +24,9 @@ TARGETS = 200
 
 @pytest.fixture
 def many(world: World) -> Iterator[tuple[Service, list[FilteredChild]]]:
-    service = Service(world.base, [str(world.shares / "*")], name="status-pages")
-    try:
-        with registered_children(service.socket, str(world.main), TARGETS) as children:
-            yield service, children
-    finally:
-        service.stop()
+    with (Service(world.base, [str(world.shares / "*")], name="status-pages") as service,
+          registered_children(service.socket, str(world.main), TARGETS) as children):
+        yield service, children
 
 
 def test_status_lists_two_hundred_targets(many: tuple[Service, list[FilteredChild]]) -> None:

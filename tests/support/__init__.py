@@ -2,7 +2,8 @@
 clients and handle shorthands. conftest.py only turns these into fixtures.
 
 - world.py: World and build_world, NOBODY, FHMON, SYSTEM_PYTHON, wait_until, thread_syscalls,
-  nobodys_directory, lease_break_time
+  nobodys_directory, deep_directory (a chain of directories deeper than PATH_MAX),
+  lease_break_time
 - service.py: Service (a `fhmon serve`), Runner and unprivileged_runner (fhmon as uid 65534)
 - agent.py: Agent, the driver of target_agent.py (the target program itself), and
   NamespaceAgent (through `unshare -Urm`)

@@ -12,7 +12,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 from tests.support.world import FHMON, NOBODY, REPO, SYSTEM_PYTHON, World
 
@@ -62,7 +63,11 @@ def unprivileged_runner(world: World) -> Runner:
 
 
 class Service:
-    """A running `fhmon serve` (root) with its own socket and key dir."""
+    """A running `fhmon serve` (root) with its own socket and key dir.
+
+    `with Service(...) as svc:` stops it with SIGTERM at the end of the block; call stop()
+    yourself for its exit code or another signal.
+    """
 
     def __init__(self, base: Path, allow: list[str], name: str = "fhmon",
                  key_dir: Path | None = None, extra: list[str] | None = None) -> None:
@@ -107,6 +112,20 @@ class Service:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket)
         return code
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        """stop() with SIGTERM; a failure to stop never hides the block's own exception."""
+        if exc is None:
+            self.stop()
+            return
+        try:
+            self.stop()
+        except Exception as stopping:
+            exc.add_note(f"and then stopping fhmon serve failed: {stopping!r}")
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -41,6 +41,27 @@ def nobodys_directory(path: Path) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def deep_directory(top: Path, name: str, levels: int) -> Iterator[int]:
+    """Makes top/name/name/... (levels directories) and yields an O_DIRECTORY fd of the last.
+
+    For the trees deeper than PATH_MAX that both test_share_roots.py and
+    test_differential_planes.py build: no path to their bottom fits in one syscall, so each
+    level is made and opened relative to the fd of the one above (mkdirat, openat). The fd is
+    closed after the block; what is made stays (the caller removes the tree).
+    """
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir(name, 0o755, dir_fd=fd)
+            below = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        yield fd
+    finally:
+        os.close(fd)
+
+
 LEASE_SYSCTL = Path("/proc/sys/fs/lease-break-time")
 
 
