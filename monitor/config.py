@@ -46,10 +46,10 @@ class Config:
     sandbox: bool = False
     # who answers the calls: "native" (the Rust plane, monitor/dataplane.py) or "python"
     # (monitor/handlers, the reference it is tested against); data_plane_threads native
-    # threads per target (1: a second gave no more calls/s, the per-call CPU is the limit,
-    # and cost neighbours p99; docs/performance.md)
+    # threads per target: "auto" is 2, the second reading only while it may run on another
+    # CPU than the first (native/src/plane.rs Spare; docs/performance.md), or a number
     data_plane: str = "native"
-    data_plane_threads: int = 1
+    data_plane_threads: int | str = "auto"
 
     def to_toml(self) -> str:
         lines = []
@@ -220,10 +220,15 @@ def _validate(key: str, value: Any) -> Any:
                                   f"'native'")
             return plane
         case "data_plane_threads":
+            if value == "auto":
+                return value
+            if isinstance(value, str):
+                raise ConfigError(f"config key 'data_plane_threads': {value!r} is not "
+                                  f"'auto' or a number of threads per target in [1, 64]")
             number = _expect(key, value, int)
             if not 1 <= number <= 64:
-                raise ConfigError("config key 'data_plane_threads': must be in [1, 64] "
-                                  "(threads per target)")
+                raise ConfigError("config key 'data_plane_threads': must be 'auto' or in "
+                                  "[1, 64] (threads per target)")
             return number
         case "max_connections" | "max_connections_per_uid" | "max_targets":
             number = _expect(key, value, int)

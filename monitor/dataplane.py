@@ -70,7 +70,7 @@ class NativeDataPlane:
     """monitor._native.Plane behind the DataPlane interface."""
 
     def __init__(self, answer: Answerer, stats: CallStats, keys: KeyRing, *, signing: bool,
-                 threads_per_target: int) -> None:
+                 threads_per_target: int | str) -> None:
         try:
             _native = importlib.import_module("monitor._native")
         except ImportError as exc:
@@ -84,7 +84,8 @@ class NativeDataPlane:
         self._stats = stats
         self._targets: dict[int, tuple[Target, Callable[[], None]]] = {}
         self._lock = threading.Lock()
-        self._plane = _native.Plane(ACCEPTED_FLAGS, signing, threads_per_target,
+        threads, auto = native_threads(threads_per_target)
+        self._plane = _native.Plane(ACCEPTED_FLAGS, signing, threads, auto,
                                     list(LATENCY_BUCKETS), self._fallback, self._hung_up)
         try:
             self._plane.set_keys(keys.native())
@@ -180,8 +181,15 @@ def _result_name(code: int) -> str:
     return errno.errorcode.get(code, str(code))
 
 
+def native_threads(setting: int | str) -> tuple[int, bool]:
+    """data_plane_threads as the native plane takes it: (threads per target, auto)."""
+    if setting == "auto":
+        return 2, True
+    return int(setting), False
+
+
 def make_data_plane(plane: str, answer: Answerer, stats: CallStats, keys: KeyRing, *,
-                    signing: bool, threads_per_target: int,
+                    signing: bool, threads_per_target: int | str,
                     shared: SharedReceiveLock | None = None) -> DataPlane:
     """The plane `data_plane` names, for fhmon serve and for each worker alike.
 
@@ -196,4 +204,4 @@ def make_data_plane(plane: str, answer: Answerer, stats: CallStats, keys: KeyRin
 
 
 __all__ = ["DataPlane", "DataPlaneUnavailable", "NativeDataPlane", "PythonDataPlane",
-           "make_data_plane"]
+           "make_data_plane", "native_threads"]

@@ -37,7 +37,7 @@ class Start:
     # the configuration's data plane (monitor/dataplane.py): a worker answers on the same
     # plane fhmon serve would have used itself
     data_plane: str = "native"
-    data_plane_threads: int = 1
+    data_plane_threads: int | str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +141,7 @@ def decode(data: bytes) -> Message:
             return Start(_str(body["key_dir"]), _bool(body["signing"]),
                          _str(body["log_level"]), _bool(body["drop_capabilities"]),
                          _bool(body["sandbox"]), _plane(body["data_plane"]),
-                         _int(body["data_plane_threads"]))
+                         _threads(body["data_plane_threads"]))
         if op == "add":
             s = body["share"]
             peer_pid, peer_uid, peer_gid = (_int(v) for v in body["peer"])
@@ -173,6 +173,13 @@ def _str(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}")
     return value
+
+
+def _threads(value: Any) -> int | str:
+    """data_plane_threads: "auto" or a count (monitor/config.py checked its range)."""
+    if value == "auto":
+        return "auto"
+    return _int(value)
 
 
 def _int(value: Any) -> int:

@@ -59,6 +59,9 @@ pub struct Config {
     pub accepted_flags: i32,
     pub signing: bool,
     pub threads_per_target: usize,
+    /// data_plane_threads = "auto": every thread but the first reads only while it may run
+    /// on two CPUs or more (Spare), else it parks
+    pub auto_threads: bool,
     /// latency bucket upper bounds, seconds (monitor/metrics.py LATENCY_BUCKETS)
     pub buckets: [f64; BUCKETS],
 }
@@ -150,6 +153,41 @@ struct Target {
     fallback_lock: Mutex<()>,
     /// calls answered natively since the last take_stats
     calls: AtomicU64,
+    /// where a spare thread parks while it is confined to one CPU (Spare)
+    spare_lock: Mutex<()>,
+    spare_wake: Condvar,
+}
+
+/// A target's second reader under data_plane_threads = "auto". With one reader, that
+/// reader waits in ADDFD|SEND until the target has run and taken the fd, so the target's
+/// next open_by_handle_at finds nobody in RECV; on an idle machine the two then drift to
+/// different CPUs and each call wakes a halted CPU (p50 7x the reference's, unpinned:
+/// docs/performance.md). A second reader blocked in RECV is woken where the target runs
+/// (SYNC_WAKE_UP) instead. Confined to one CPU, it cannot run while the first waits and
+/// only adds a switch per call (about 1 us, pinned), so it parks there: its affinity is
+/// looked at once a second.
+struct Spare {
+    checked: Instant,
+    confined: bool,
+}
+
+impl Spare {
+    const RECHECK: Duration = Duration::from_secs(1);
+
+    fn new() -> Spare {
+        Spare {
+            checked: Instant::now(),
+            confined: sys::cpus_allowed() < 2,
+        }
+    }
+
+    fn confined(&mut self) -> bool {
+        if self.checked.elapsed() >= Self::RECHECK {
+            self.checked = Instant::now();
+            self.confined = sys::cpus_allowed() < 2;
+        }
+        self.confined
+    }
 }
 
 /// A thread of the target seen before: its pidfd (which names that thread for as long as
@@ -302,6 +340,8 @@ impl Plane {
             mount_fd: Mutex::new(None),
             fallback_lock: Mutex::new(()),
             calls: AtomicU64::new(0),
+            spare_lock: Mutex::new(()),
+            spare_wake: Condvar::new(),
         });
         let mut threads = Vec::new();
         for k in 0..self.config.threads_per_target.max(1) {
@@ -309,7 +349,7 @@ impl Plane {
             let t = Arc::clone(&target);
             let spawned = std::thread::Builder::new()
                 .name(format!("fhmon-t{id}-{k}"))
-                .spawn(move || plane.serve(&t));
+                .spawn(move || plane.serve(&t, k));
             match spawned {
                 Ok(handle) => threads.push(handle),
                 Err(e) => {
@@ -400,11 +440,19 @@ impl Plane {
         (events.queue.drain(..).collect(), dropped)
     }
 
-    fn serve(&self, target: &Target) {
+    fn serve(&self, target: &Target, k: usize) {
         sys::block_signals_but_wake();
         let base = Baseline::measure().ok();
         let mut raw = [0u8; abi::SECCOMP_NOTIF_SIZE];
+        let mut spare = (k > 0 && self.config.auto_threads).then(Spare::new);
         while !target.stopping.load(Ordering::SeqCst) {
+            if spare.as_mut().is_some_and(Spare::confined) {
+                let parked = lock(&target.spare_lock);
+                if !target.stopping.load(Ordering::SeqCst) {
+                    let _ = target.spare_wake.wait_timeout(parked, Spare::RECHECK);
+                }
+                continue;
+            }
             match sys::notif_recv(target.listener.as_fd(), &mut raw) {
                 Ok(()) => {}
                 Err(libc::EINTR) => continue,
@@ -745,6 +793,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn stop_threads(target: &Target, threads: Vec<JoinHandle<()>>) {
     use std::os::unix::thread::JoinHandleExt;
     target.stopping.store(true, Ordering::SeqCst);
+    {
+        let _parked = lock(&target.spare_lock);
+        target.spare_wake.notify_all();
+    }
     for handle in threads {
         while !handle.is_finished() {
             sys::wake_thread(handle.as_pthread_t());

@@ -140,6 +140,7 @@ impl PyPlane {
         accepted_flags: i32,
         signing: bool,
         threads_per_target: usize,
+        auto_threads: bool,
         buckets: Vec<f64>,
         fallback: Py<PyAny>,
         hung_up: Py<PyAny>,
@@ -154,6 +155,7 @@ impl PyPlane {
             accepted_flags,
             signing,
             threads_per_target,
+            auto_threads,
             buckets,
         };
         let fallback = Box::new(

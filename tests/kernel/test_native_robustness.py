@@ -44,7 +44,7 @@ for _ in range(calls):
 
 @pytest.fixture
 def plane() -> Iterator[object]:
-    p = _native.Plane(ACCEPTED_FLAGS, True, 1, list(LATENCY_BUCKETS),
+    p = _native.Plane(ACCEPTED_FLAGS, True, 1, False, list(LATENCY_BUCKETS),
                       lambda target, raw: None, lambda target: None)
     p.set_keys(_native.KeyRing({1: bytes(range(32))}, 1))
     try:

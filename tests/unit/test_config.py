@@ -351,7 +351,7 @@ def test_to_toml_default_text() -> None:
         "workers = 0\n"
         "sandbox = false\n"
         'data_plane = "native"\n'
-        "data_plane_threads = 1\n")
+        'data_plane_threads = "auto"\n')
 
 
 def test_to_toml_quotes() -> None:
@@ -449,9 +449,10 @@ def test_data_plane_is_python_or_native(value: Any, message: str) -> None:
         _apply({"data_plane": value})
 
 
-@pytest.mark.parametrize("value", [0, 65, True])
+@pytest.mark.parametrize("value", [0, 65, True, "Auto", "2", 1.5])
 def test_data_plane_threads_bounded(value: Any) -> None:
     assert _apply({"data_plane_threads": 4}).data_plane_threads == 4
+    assert _apply({"data_plane_threads": "auto"}).data_plane_threads == "auto"
     with pytest.raises(ConfigError, match="data_plane_threads"):
         _apply({"data_plane_threads": value})
 

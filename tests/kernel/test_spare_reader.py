@@ -1,0 +1,150 @@
+"""data_plane_threads = "auto": the second reader reads only while it may use another CPU.
+
+A real target (uid 65534 under the real handle filter) makes calls for a few seconds while
+a monitor._native.Plane made in this process serves it with two threads, the second under
+the "auto" rule (native/src/plane.rs Spare). What each thread waits in is read from the
+kernel (/proc/self/task/TID/syscall): a reader is in ioctl(SECCOMP_IOCTL_NOTIF_RECV), a
+parked spare in futex. Unpinned, both read; with every thread of this process pinned to one
+CPU, the spare parks within its once-a-second look at its affinity; unpinned again, it
+reads again. Every call is answered throughout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from monitor import policy, seccomp_filter
+from monitor.handlers.name_to_handle_at import ACCEPTED_FLAGS
+from monitor.metrics import LATENCY_BUCKETS
+from protocol.kernel import SECCOMP_IOCTL_NOTIF_RECV
+from tests.support import NOBODY, World
+
+_native = pytest.importorskip("monitor._native")
+
+SYS_IOCTL = 16
+SYS_FUTEX = 202
+
+# The target: name_to_handle_at(AT_FDCWD, path) for `seconds`, then "calls failures".
+CALLER = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+path, out, seconds = sys.argv[1].encode(), int(sys.argv[2]), float(sys.argv[3])
+calls = failures = 0
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline:
+    buf = ctypes.create_string_buffer(8 + 128)
+    ctypes.c_uint32.from_buffer(buf).value = 128
+    mnt = ctypes.c_int(0)
+    calls += 1
+    if libc.name_to_handle_at(-100, path, buf, ctypes.byref(mnt), 0) != 0:
+        failures += 1
+os.write(out, b"%d %d\n" % (calls, failures))
+"""
+
+
+@pytest.fixture
+def auto_plane() -> Iterator[object]:
+    threads, auto = 2, True  # monitor.dataplane.native_threads("auto")
+    p = _native.Plane(ACCEPTED_FLAGS, True, threads, auto, list(LATENCY_BUCKETS),
+                      lambda target, raw: None, lambda target: None)
+    p.set_keys(_native.KeyRing({1: bytes(range(32))}, 1))
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def _plane_threads(target_id: int) -> dict[int, int]:
+    """TID of each of the target's plane threads, by index (thread name fhmon-tID-K)."""
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            name = open(f"/proc/self/task/{tid}/comm").read().strip()
+            prefix = f"fhmon-t{target_id}-"
+            if name.startswith(prefix):
+                found[int(name[len(prefix):])] = int(tid)
+    return found
+
+
+def _waits_in(tid: int) -> str:
+    """What the kernel says the thread is blocked in: "recv", "futex" or "other"."""
+    fields = open(f"/proc/self/task/{tid}/syscall").read().split()
+    if fields[0] == str(SYS_IOCTL) and int(fields[2], 16) == SECCOMP_IOCTL_NOTIF_RECV:
+        return "recv"
+    if fields[0] == str(SYS_FUTEX):
+        return "futex"
+    return "other"
+
+
+def _pin_every_thread(cpus: set[int]) -> None:
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(tid), cpus)
+
+
+def _until(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_the_spare_reads_only_while_it_may_use_a_second_cpu(world: World,
+                                                            auto_plane: object) -> None:
+    p: _native.Plane = auto_plane  # type: ignore[assignment]
+    every_cpu = os.sched_getaffinity(0)
+    if len(every_cpu) < 2:
+        pytest.skip("needs two CPUs: the rule under test is about a second one")
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    share = policy.pin_share(root, str(world.main), [str(world.shares / "*")])
+    os.close(root)
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)
+    pid, listener, channel = seccomp_filter.fork_under_filter(
+        (NOBODY, NOBODY), [sys.executable, "-c", CALLER, str(world.main / "file"),
+                           str(write_end), "12"])
+    os.close(write_end)
+    seen: list[tuple[str, str]] = []
+    try:
+        p.add(7, listener, 0, share.share_id, share.dir_fd, share.path_fd, share.mount_id,
+              share.dev, share.ino, share.whole_fs)
+        assert _until(lambda: len(_plane_threads(7)) == 2, 5), _plane_threads(7)
+        threads = _plane_threads(7)
+        assert sorted(threads) == [0, 1], threads
+        spare = threads[1]
+        # unpinned and idle: both threads read
+        assert _until(lambda: _waits_in(spare) == "recv", 5), _waits_in(spare)
+        seccomp_filter.go(channel)
+        _pin_every_thread({min(every_cpu)})
+        assert _until(lambda: _waits_in(spare) == "futex", 6), "the spare never parked"
+        seen.append(("pinned", _waits_in(spare)))
+        time.sleep(1.5)  # still parked a full recheck later
+        assert _waits_in(spare) == "futex"
+        _pin_every_thread(every_cpu)
+        assert _until(lambda: _waits_in(spare) == "recv", 6), "the spare never read again"
+        seen.append(("unpinned", _waits_in(spare)))
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        calls, failures = (int(x) for x in os.read(read_end, 100).split())
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert calls > 0 and failures == 0, (calls, failures)
+        p.remove(7)
+    finally:
+        _pin_every_thread(every_cpu)
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        os.close(read_end)
+        os.close(listener)
+        channel.close()
+        share.close()
+    print(seen)
