@@ -1,7 +1,17 @@
 //! Acting with a target's file-system credentials on the calling thread, as
 //! monitor/credentials.py `acting_as(creds, reopen_only=True)`: per-thread raw syscalls
-//! (setfsuid, setfsgid, setgroups, capset), always switched back (a guard's Drop).
+//! (setfsuid, setfsgid, setgroups, capset). fsuid and capabilities are always switched
+//! back (a guard's Drop); fsgid and the supplementary groups are left as the last switch
+//! set them (Lingering) and switched only when the next target thread's differ, because
+//! nothing fhmon does itself between two switches consults them: its own calls pass on
+//! capabilities (CAP_DAC_READ_SEARCH for open_by_handle_at and the '..' walk,
+//! CAP_SYS_PTRACE for /proc and the target's memory), which fsgid and groups do not touch,
+//! and the plane creates no file. That saves two credential commits per call (setfsgid
+//! each way: 0.75 us of 8 per open_by_handle_at, `bench.run --perf obh`). The thread
+//! settles back to its own (Baseline::settle) before Python code runs on it (a fallback)
+//! and after a panic.
 
+use std::cell::RefCell;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::status::Credentials;
@@ -27,6 +37,14 @@ pub struct Baseline {
     fsuid_drops_caps: bool,
     /// this process's /proc/self/fd, kept for reopens (None: the four-component path)
     fd_dir: Option<OwnedFd>,
+    /// what the thread's fsgid and groups are now (a Baseline is its thread's own)
+    now: RefCell<Lingering>,
+}
+
+/// The fsgid and supplementary groups a switch left on the thread (the module's doc).
+struct Lingering {
+    fsgid: u32,
+    groups: Vec<u32>,
 }
 
 impl Baseline {
@@ -35,6 +53,9 @@ impl Baseline {
         let (fsuid, fsgid) = sys::euid_egid();
         let mut buf = [0u32; 1024];
         let n = sys::getgroups(&mut buf)?;
+        // room for the groups of most target threads: a switch copies them in place
+        let mut now_groups = Vec::with_capacity(n.max(64));
+        now_groups.extend_from_slice(&buf[..n]);
         let mut base = Baseline {
             effective,
             permitted,
@@ -44,13 +65,33 @@ impl Baseline {
             groups: buf[..n].to_vec(),
             fsuid_drops_caps: false,
             fd_dir: sys::open_own_fd_dir().ok(),
+            now: RefCell::new(Lingering {
+                fsgid,
+                groups: now_groups,
+            }),
         };
         base.fsuid_drops_caps = base.probe_fsuid_drops_caps()?;
         Ok(base)
     }
 
+    /// Back to the thread's own fsgid and groups (before Python code runs on the thread,
+    /// and after a panic); Err if the groups could not be restored.
+    pub fn settle(&self) -> Result<(), sys::Errno> {
+        let mut now = self.now.borrow_mut();
+        if now.groups != self.groups {
+            sys::setgroups_thread(&self.groups)?;
+            now.groups.clear();
+            now.groups.extend_from_slice(&self.groups);
+        }
+        if now.fsgid != self.fsgid {
+            sys::setfsgid(self.fsgid);
+            now.fsgid = self.fsgid;
+        }
+        Ok(())
+    }
+
     /// The calling thread's credentials are still the ones measured (checked after a
-    /// panic was caught mid-call, before the thread serves on).
+    /// panic was caught mid-call and the thread settled, before it serves on).
     pub fn still_holds(&self) -> bool {
         let Ok((effective, permitted, inheritable)) = sys::capget_thread() else {
             return false;
@@ -119,13 +160,19 @@ impl<'a> ActingAs<'a> {
             fsuid_only,
         };
         // on an error the guard's drop switches back whatever was switched
-        if creds.groups != base.groups {
-            sys::setgroups_thread(&creds.groups)?;
-        }
-        // setting an id to the value it has changes nothing (the kernel allocates new
-        // credentials only to discard them): skipped, each way
-        if creds.fsgid != base.fsgid {
-            sys::setfsgid(creds.fsgid);
+        {
+            let mut now = base.now.borrow_mut();
+            if creds.groups != now.groups {
+                sys::setgroups_thread(&creds.groups)?;
+                now.groups.clear();
+                now.groups.extend_from_slice(&creds.groups);
+            }
+            // setting an id to the value it has changes nothing (the kernel allocates new
+            // credentials only to discard them): skipped
+            if creds.fsgid != now.fsgid {
+                sys::setfsgid(creds.fsgid);
+                now.fsgid = creds.fsgid;
+            }
         }
         if creds.fsuid != base.fsuid {
             sys::setfsuid(creds.fsuid);
@@ -150,12 +197,7 @@ impl Drop for ActingAs<'_> {
         if self.creds.fsuid != base.fsuid {
             sys::setfsuid(base.fsuid); // back to 0: the kernel raises the fs caps again
         }
-        if self.creds.fsgid != base.fsgid {
-            sys::setfsgid(base.fsgid);
-        }
-        if self.creds.groups != base.groups {
-            let _ = sys::setgroups_thread(&base.groups);
-        }
+        // fsgid and groups linger (the module's doc)
         if !self.fsuid_only && base.effective != base.permitted {
             let _ = sys::capset_thread(base.effective, base.permitted, base.inheritable);
         }
@@ -180,5 +222,43 @@ mod tests {
             );
         }
         assert!(base.still_holds());
+    }
+
+    /// fsuid and capabilities come back with the guard; fsgid and groups linger until the
+    /// next switch that needs others, or settle() (runs as root, as CI does; skipped else).
+    #[test]
+    fn fsgid_and_groups_linger_and_settle_restores_them() {
+        if sys::euid_egid().0 != 0 {
+            return;
+        }
+        // a thread of its own: the test harness's threads must not keep what this sets
+        std::thread::spawn(|| {
+            let base = Baseline::measure().expect("measure");
+            let creds = Credentials {
+                fsuid: 65534,
+                fsgid: 65533,
+                groups: vec![65532],
+                cap_effective: 0,
+            };
+            {
+                let _acting = ActingAs::reopen_only(&base, &creds).expect("switch");
+                assert_eq!(sys::setfsuid(u32::MAX), 65534);
+                assert_eq!(sys::setfsgid(u32::MAX), 65533);
+            }
+            assert_eq!(sys::setfsuid(u32::MAX), base.fsuid, "fsuid switched back");
+            assert_eq!(sys::capget_thread().expect("capget").0, base.effective);
+            assert_eq!(sys::setfsgid(u32::MAX), 65533, "fsgid lingers");
+            let mut buf = [0u32; 64];
+            let n = sys::getgroups(&mut buf).expect("getgroups");
+            assert_eq!(&buf[..n], &[65532], "groups linger");
+            assert!(!base.still_holds());
+            // the same creds again: nothing to switch but fsuid, and the same outcome
+            drop(ActingAs::reopen_only(&base, &creds).expect("switch"));
+            assert_eq!(sys::setfsgid(u32::MAX), 65533);
+            base.settle().expect("settle");
+            assert!(base.still_holds(), "settle() brings the thread back to its own");
+        })
+        .join()
+        .expect("the test thread");
     }
 }

@@ -468,7 +468,10 @@ impl Plane {
             let answered = self.answer(target, &raw, base.as_ref(), start);
             if answered.is_err() {
                 // a panic: serve on only with the credentials the thread started with
-                if base.as_ref().is_some_and(|b| !b.still_holds()) {
+                if base
+                    .as_ref()
+                    .is_some_and(|b| b.settle().is_err() || !b.still_holds())
+                {
                     eprintln!(
                         "fhmon: data-plane thread of target {} stops after a panic: its \
                          credentials changed",
@@ -516,6 +519,14 @@ impl Plane {
         let syscall = syscall.unwrap_or(0);
         let result = match outcome {
             Outcome::Defer => {
+                // Python code runs on this thread next: with the thread's own fsgid and
+                // groups (creds.rs Lingering), never a target's
+                if base.is_some_and(|b| b.settle().is_err()) {
+                    let resp = abi::encode_response(notif.id, 0, libc::EIO);
+                    let _ = sys::notif_send(target.listener.as_fd(), &resp);
+                    self.record(target, syscall, libc::EIO as usize, start);
+                    return Ok(());
+                }
                 let _serial = lock(&target.fallback_lock);
                 (self.fallback)(target.id, raw);
                 return Ok(()); // the Python reference counts its own calls

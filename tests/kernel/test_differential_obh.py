@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -252,3 +253,42 @@ def test_a_mount_fd_number_reused_for_another_file(trio_of_agents: tuple[Agent, 
         assert ok["errno"] == 0, ok
         answers.append(got["errno"])
     assert answers == [expected, expected], answers
+
+
+def test_threads_of_one_target_with_different_fsgids(world: World, fhmon: Any) -> None:
+    """One target whose threads differ in fsgid, calls interleaved: each open gets what that
+    thread's own open(2) gets. The native plane leaves the last switch's fsgid on its thread
+    (native/src/creds.rs Lingering) and switches only when the next caller's differs; a
+    stale one would open the group-only file for the wrong thread, or refuse the right one.
+    The target is uid 65534 on the host in a user namespace of its own whose gid map (set
+    by this test, root) holds two host gids, 65534 and 65533."""
+    gid_a, gid_b = 65534, 65533
+    name = "group_b_only"
+    path = world.main / name
+    path.write_bytes(b"for group b\n")
+    os.chown(path, 0, gid_b)
+    path.chmod(0o040)  # group read, nothing for the owner (root) or others
+    root = Agent(world, "plain", world.main, user=None)
+    fh = Agent(world, "fhmon", world.main, fhmon.socket)
+    try:
+        assert fh.call("unshare_user")["errno"] == 0
+        Path(f"/proc/{fh.pid}/uid_map").write_text("0 65534 1\n")
+        Path(f"/proc/{fh.pid}/gid_map").write_text(f"0 {gid_a} 1\n1 {gid_b} 1\n")
+        inner = {gid_a: 0, gid_b: 1}  # the host gid as the target's namespace names it
+        handle_type, signed, _ = handles(fh, root, name)
+        got: list[tuple[int, int, int]] = []
+        for gid in [gid_b, gid_a, gid_a, gid_b, gid_b, gid_a, gid_b, gid_a] * 3:
+            oracle = fh.call("with_fsgid", fsgid=inner[gid],
+                             call={"op": "probe_open", "path": str(path), "flags": O_RDONLY})
+            answer = fh.call("with_fsgid", fsgid=inner[gid],
+                             call={"op": "obh", "f_handle": signed.hex(),
+                                   "handle_type": handle_type, "flags": O_RDONLY})
+            assert answer["fsgid"] == inner[gid], answer
+            got.append((gid, oracle["errno"], answer["errno"]))
+        assert all(o == a for _, o, a in got), got
+        # the oracle itself tells the two apart: the test is about something
+        assert {(g, o) for g, o, _ in got} == {(gid_b, 0), (gid_a, errno.EACCES)}, got
+    finally:
+        fh.close()
+        root.close()
+        path.unlink()

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -65,7 +66,7 @@ def _plane_threads(target_id: int) -> dict[int, int]:
     found = {}
     for tid in os.listdir("/proc/self/task"):
         with contextlib.suppress(OSError):
-            name = open(f"/proc/self/task/{tid}/comm").read().strip()
+            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
             prefix = f"fhmon-t{target_id}-"
             if name.startswith(prefix):
                 found[int(name[len(prefix):])] = int(tid)
@@ -74,7 +75,7 @@ def _plane_threads(target_id: int) -> dict[int, int]:
 
 def _waits_in(tid: int) -> str:
     """What the kernel says the thread is blocked in: "recv", "futex" or "other"."""
-    fields = open(f"/proc/self/task/{tid}/syscall").read().split()
+    fields = Path(f"/proc/self/task/{tid}/syscall").read_text().split()
     if fields[0] == str(SYS_IOCTL) and int(fields[2], 16) == SECCOMP_IOCTL_NOTIF_RECV:
         return "recv"
     if fields[0] == str(SYS_FUTEX):

@@ -516,9 +516,37 @@ def close_later(cmd):
     return {"ret": 0}
 
 
+CLONE_NEWUSER, SYS_SETFSGID = 0x10000000, 123
+
+
+def unshare_user(cmd):
+    """Move into a user namespace of its own (the test, root, then writes its maps: one
+    with two gids lets its threads differ in fsgid, which no unprivileged process can)."""
+    if libc.unshare(CLONE_NEWUSER) < 0:
+        return {"errno": ctypes.get_errno()}
+    return {"errno": 0}
+
+
+def with_fsgid(cmd):
+    """cmd["call"] on a new thread whose fsgid (its own, per thread) is cmd["fsgid"]."""
+    out = {}
+
+    def run():
+        libc.syscall(SYS_SETFSGID, ctypes.c_long(cmd["fsgid"]))
+        out["fsgid"] = libc.syscall(SYS_SETFSGID, ctypes.c_long(-1))
+        out.update(OPS[cmd["call"]["op"]](cmd["call"]))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return out
+
+
+OPS = {}
 EXTRA_OPS = {"race": race, "storm": storm, "lease": take_lease, "close_later": close_later,
              "lingering_socket": lingering_socket, "stack_mounts": stack_mounts,
-             "symlinks": make_symlinks}
+             "symlinks": make_symlinks, "unshare_user": unshare_user,
+             "with_fsgid": with_fsgid}
 
 
 def main():
@@ -532,6 +560,7 @@ def main():
            "fdcount": lambda c: {"fds": len(os.listdir("/proc/self/fd"))}}
     ops.update(EXTRA_OPS)
     ops["thread_call"] = lambda c: thread_call(c, ops)
+    OPS.update(ops)
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "exit":
