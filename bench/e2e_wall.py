@@ -34,7 +34,8 @@ from typing import Any
 
 from tests.e2e import harness
 
-ARMS = {"root": None, "fhmon": "", "fhmon-workers1": "workers = 1\n"}
+ARMS = {"root": None, "fhmon": "", "fhmon-workers1": "workers = 1\n",
+        "fhmon-t1": "data_plane_threads = 1\n"}
 
 
 def run_arm(env: harness.Env, arm: str, mode: str, config_dir: Path) -> dict[str, Any]:

@@ -256,7 +256,10 @@ mod tests {
             drop(ActingAs::reopen_only(&base, &creds).expect("switch"));
             assert_eq!(sys::setfsgid(u32::MAX), 65533);
             base.settle().expect("settle");
-            assert!(base.still_holds(), "settle() brings the thread back to its own");
+            assert!(
+                base.still_holds(),
+                "settle() brings the thread back to its own"
+            );
         })
         .join()
         .expect("the test thread");

@@ -156,6 +156,8 @@ struct Target {
     /// where a spare thread parks while it is confined to one CPU (Spare)
     spare_lock: Mutex<()>,
     spare_wake: Condvar,
+    /// under "auto", held while a thread works on a call (Spare): one CPU per target
+    work: Mutex<()>,
 }
 
 /// A target's second reader under data_plane_threads = "auto". With one reader, that
@@ -165,7 +167,10 @@ struct Target {
 /// docs/performance.md). A second reader blocked in RECV is woken where the target runs
 /// (SYNC_WAKE_UP) instead. Confined to one CPU, it cannot run while the first waits and
 /// only adds a switch per call (about 1 us, pinned), so it parks there: its affinity is
-/// looked at once a second.
+/// looked at once a second. It is there to read, not to work alongside: under "auto" a
+/// thread works on a call only while it holds the target's `work` lock, given up for the
+/// wait in ADDFD|SEND, so a target's calls use at most one CPU of the plane at a time (a
+/// target crawling through symlinks on two threads had put its neighbour's p99 at 11x).
 struct Spare {
     checked: Instant,
     confined: bool,
@@ -342,6 +347,7 @@ impl Plane {
             calls: AtomicU64::new(0),
             spare_lock: Mutex::new(()),
             spare_wake: Condvar::new(),
+            work: Mutex::new(()),
         });
         let mut threads = Vec::new();
         for k in 0..self.config.threads_per_target.max(1) {
@@ -465,7 +471,8 @@ impl Plane {
                 }
             }
             let start = Instant::now();
-            let answered = self.answer(target, &raw, base.as_ref(), start);
+            let working = self.config.auto_threads.then(|| lock(&target.work));
+            let answered = self.answer(target, &raw, base.as_ref(), start, working);
             if answered.is_err() {
                 // a panic: serve on only with the credentials the thread started with
                 if base
@@ -491,6 +498,7 @@ impl Plane {
         raw: &[u8; abi::SECCOMP_NOTIF_SIZE],
         base: Option<&Baseline>,
         start: Instant,
+        working: Option<std::sync::MutexGuard<'_, ()>>,
     ) -> Result<(), ()> {
         let notif = Notification::parse(raw);
         let syscall = match (notif.arch, notif.nr) {
@@ -532,7 +540,10 @@ impl Plane {
                 return Ok(()); // the Python reference counts its own calls
             }
             Outcome::Gone => GONE,
-            Outcome::Inject(fd, newfd_flags) => self.inject(target, &notif, fd, newfd_flags),
+            Outcome::Inject(fd, newfd_flags) => {
+                drop(working); // the wait for the target is no CPU of the plane's
+                self.inject(target, &notif, fd, newfd_flags)
+            }
             Outcome::Return(val) => {
                 let resp = abi::encode_response(notif.id, val, 0);
                 let _ = sys::notif_send(target.listener.as_fd(), &resp);
