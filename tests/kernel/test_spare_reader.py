@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from monitor.handlers.name_to_handle_at import ACCEPTED_FLAGS
 from monitor.metrics import LATENCY_BUCKETS
 from protocol.kernel import SECCOMP_IOCTL_NOTIF_RECV
 from tests.support import NOBODY, World
+from tests.support.world import lease_break_time
 
 _native = pytest.importorskip("monitor._native")
 
@@ -149,3 +151,87 @@ def test_the_spare_reads_only_while_it_may_use_a_second_cpu(world: World,
         channel.close()
         share.close()
     print(seen)
+
+
+# The target: a signed handle of its own file (through the plane), a write lease on that
+# file (never let go: the kernel breaks it after lease-break-time), then two threads that
+# open it by handle at once; "errno errno" at the end.
+LEASER = r"""
+import ctypes, fcntl, os, signal, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+path, out = sys.argv[1].encode(), int(sys.argv[2])
+buf = ctypes.create_string_buffer(8 + 128)
+ctypes.c_uint32.from_buffer(buf).value = 128
+mnt = ctypes.c_int(0)
+assert libc.name_to_handle_at(-100, path, buf, ctypes.byref(mnt), 0) == 0, ctypes.get_errno()
+signal.signal(signal.SIGIO, signal.SIG_IGN)
+held = os.open(path, os.O_RDONLY)
+fcntl.fcntl(held, 1024, 1)  # F_SETLEASE F_WRLCK
+share = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+errnos = [None, None]
+def open_it(i):
+    fd = libc.syscall(304, share, buf, os.O_RDONLY)
+    errnos[i] = 0 if fd >= 0 else ctypes.get_errno()
+threads = [threading.Thread(target=open_it, args=(i,)) for i in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+os.write(out, b"%d %d\n" % tuple(errnos))
+"""
+
+
+def test_under_auto_a_targets_calls_work_one_at_a_time(world: World,
+                                                       auto_plane: object) -> None:
+    """Two opens of one target, each waiting for the break of the target's own lease: the
+    plane's two threads must not both wait in the kernel's open at once (the work lock:
+    at most one CPU of the plane per target); the second waits for the lock, in futex."""
+    p: _native.Plane = auto_plane  # type: ignore[assignment]
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs: on one the second thread parks anyway")
+    leased = world.main / "leased_by_the_target"
+    leased.write_text("the target's own file\n")
+    os.chown(leased, NOBODY, NOBODY)
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    share = policy.pin_share(root, str(world.main), [str(world.shares / "*")])
+    os.close(root)
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)
+    samples: list[tuple[str, str]] = []
+    with lease_break_time(3):
+        pid, listener, channel = seccomp_filter.fork_under_filter(
+            (NOBODY, NOBODY), [sys.executable, "-c", LEASER, str(leased), str(write_end)])
+        os.close(write_end)
+        try:
+            p.add(7, listener, 0, share.share_id, share.dir_fd, share.path_fd,
+                  share.mount_id, share.dev, share.ino, share.whole_fs)
+            assert _until(lambda: len(_plane_threads(7)) == 2, 5)
+            threads = _plane_threads(7)
+            seccomp_filter.go(channel)
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:
+                states = tuple(_waits_in(threads[k]) for k in (0, 1))
+                samples.append(states)  # type: ignore[arg-type]
+                if select.select([read_end], [], [], 0.02)[0]:
+                    break
+            answers = [int(x) for x in os.read(read_end, 100).split()]
+            _, status = os.waitpid(pid, 0)
+            pid = 0
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+            assert answers == [0, 0], answers  # both opened once the lease was broken
+            p.remove(7)
+        finally:
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            os.close(read_end)
+            os.close(listener)
+            channel.close()
+            share.close()
+            leased.unlink()
+    both_in_open = [s for s in samples if s == ("other", "other")]
+    one_waits = [s for s in samples if set(s) == {"other", "futex"}]
+    # the lease held the first open about 3 s: sampled every 20 ms, the second thread
+    # waited for the work lock in futex meanwhile, and never opened alongside
+    assert len(one_waits) >= 20, samples
+    assert not both_in_open, both_in_open
