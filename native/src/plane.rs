@@ -471,7 +471,7 @@ impl Plane {
                 }
             }
             let start = Instant::now();
-            let working = self.config.auto_threads.then(|| lock(&target.work));
+            let working = self.config.auto_threads.then(|| take_work(&target.work));
             let answered = self.answer(target, &raw, base.as_ref(), start, working);
             if answered.is_err() {
                 // a panic: serve on only with the credentials the thread started with
@@ -525,6 +525,13 @@ impl Plane {
             }
         };
         let syscall = syscall.unwrap_or(0);
+        let mut working = working;
+        if !matches!(outcome, Outcome::Defer) {
+            // the work is done: the answer is the target's to wait for, not the plane's
+            // CPU, and holding the lock over it made the other thread, woken by the
+            // target's next call, wait for this one (n2h p50 9.6 against 6.3 us)
+            working.take();
+        }
         let result = match outcome {
             Outcome::Defer => {
                 // Python code runs on this thread next: with the thread's own fsgid and
@@ -540,10 +547,7 @@ impl Plane {
                 return Ok(()); // the Python reference counts its own calls
             }
             Outcome::Gone => GONE,
-            Outcome::Inject(fd, newfd_flags) => {
-                drop(working); // the wait for the target is no CPU of the plane's
-                self.inject(target, &notif, fd, newfd_flags)
-            }
+            Outcome::Inject(fd, newfd_flags) => self.inject(target, &notif, fd, newfd_flags),
             Outcome::Return(val) => {
                 let resp = abi::encode_response(notif.id, val, 0);
                 let _ = sys::notif_send(target.listener.as_fd(), &resp);
@@ -804,6 +808,28 @@ fn read_tgid(tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("Tgid:"))?;
     line["Tgid:".len()..].trim().parse().ok()
+}
+
+/// The target's work lock (Spare), spun for up to WORK_SPIN before sleeping for it: a
+/// call of the target's other thread usually ends within that (3-7 us of work), and a
+/// futex sleep and wake-up per call cost more CPU than the call itself (4 target threads,
+/// unpinned: 22.8 us per call against 11.2 with one plane thread). A call that crawls
+/// (a path walk of milliseconds, a lease break) is waited for asleep.
+fn take_work(m: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+    const WORK_SPIN: Duration = Duration::from_micros(20);
+    let start = Instant::now();
+    loop {
+        for _ in 0..32 {
+            match m.try_lock() {
+                Ok(guard) => return guard,
+                Err(std::sync::TryLockError::Poisoned(e)) => return e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => std::hint::spin_loop(),
+            }
+        }
+        if start.elapsed() >= WORK_SPIN {
+            return lock(m);
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
