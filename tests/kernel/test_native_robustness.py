@@ -9,22 +9,20 @@ it: with a single thread per target, a thread that died would leave the next cal
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import select
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 
-from monitor import policy, seccomp_filter
 from monitor.handlers.name_to_handle_at import ACCEPTED_FLAGS
 from monitor.metrics import LATENCY_BUCKETS
-from tests.support import NOBODY, World
+from tests.support import World
+from tests.support.plane_target import plane_target
 
 _native = pytest.importorskip("monitor._native")
 
@@ -68,22 +66,11 @@ def _answers(read_end: int, count: int, timeout: float) -> list[int]:
 
 def test_a_panic_is_answered_eio_and_its_thread_serves_on(world: World, plane: object) -> None:
     p: _native.Plane = plane  # type: ignore[assignment]
-    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    share = policy.pin_share(root, str(world.main), [str(world.shares / "*")])
-    os.close(root)
-    read_end, write_end = os.pipe()
-    os.set_inheritable(write_end, True)
     calls = 4
-    pid, listener, channel = seccomp_filter.fork_under_filter(
-        (NOBODY, NOBODY), [sys.executable, "-c", CALLER, str(world.main / "file"),
-                           str(write_end), str(calls)])
-    os.close(write_end)
-    try:
-        p.add(7, listener, 0, share.share_id, share.dir_fd, share.path_fd, share.mount_id,
-              share.dev, share.ino, share.whole_fs)
+    with plane_target(p, world, CALLER, str(world.main / "file"), str(calls)) as target:
         p.panic_next_calls(2)
-        seccomp_filter.go(channel)
-        answers = _answers(read_end, calls, timeout=20)
+        target.go()
+        answers = _answers(target.read_end, calls, timeout=20)
         # the two panicking calls answered EIO, the next ones by the same (only) thread
         assert answers == [errno.EIO, errno.EIO, 0, 0], answers
         # a call is counted just after its answer: gather until all four are
@@ -102,12 +89,4 @@ def test_a_panic_is_answered_eio_and_its_thread_serves_on(world: World, plane: o
                            ("name_to_handle_at", 0): 2}, results
         assert counted == {7: calls}, counted
         p.remove(7)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        os.close(read_end)
-        os.close(listener)
-        channel.close()
-        share.close()
     print(json.dumps({"answers": answers, "panics": panics}))

@@ -14,24 +14,24 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from monitor import policy, seccomp_filter
 from monitor.handlers.name_to_handle_at import ACCEPTED_FLAGS
 from monitor.metrics import LATENCY_BUCKETS
 from protocol.kernel import SECCOMP_IOCTL_NOTIF_RECV
 from tests.support import NOBODY, World
+from tests.support.plane_target import plane_target
 from tests.support.world import lease_break_time
 
 _native = pytest.importorskip("monitor._native")
 
 SYS_IOCTL = 16
 SYS_FUTEX = 202
+SYS_OPENAT = 257
 
 # The target: name_to_handle_at(AT_FDCWD, path) for `seconds`, then "calls failures".
 CALLER = r"""
@@ -76,12 +76,15 @@ def _plane_threads(target_id: int) -> dict[int, int]:
 
 
 def _waits_in(tid: int) -> str:
-    """What the kernel says the thread is blocked in: "recv", "futex" or "other"."""
+    """What the kernel says the thread is blocked in: "recv", "futex", "openat" or "other"
+    (running, or in another syscall)."""
     fields = Path(f"/proc/self/task/{tid}/syscall").read_text().split()
     if fields[0] == str(SYS_IOCTL) and int(fields[2], 16) == SECCOMP_IOCTL_NOTIF_RECV:
         return "recv"
     if fields[0] == str(SYS_FUTEX):
         return "futex"
+    if fields[0] == str(SYS_OPENAT):
+        return "openat"
     return "other"
 
 
@@ -106,50 +109,31 @@ def test_the_spare_reads_only_while_it_may_use_a_second_cpu(world: World,
     every_cpu = os.sched_getaffinity(0)
     if len(every_cpu) < 2:
         pytest.skip("needs two CPUs: the rule under test is about a second one")
-    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    share = policy.pin_share(root, str(world.main), [str(world.shares / "*")])
-    os.close(root)
-    read_end, write_end = os.pipe()
-    os.set_inheritable(write_end, True)
-    pid, listener, channel = seccomp_filter.fork_under_filter(
-        (NOBODY, NOBODY), [sys.executable, "-c", CALLER, str(world.main / "file"),
-                           str(write_end), "12"])
-    os.close(write_end)
     seen: list[tuple[str, str]] = []
     try:
-        p.add(7, listener, 0, share.share_id, share.dir_fd, share.path_fd, share.mount_id,
-              share.dev, share.ino, share.whole_fs)
-        assert _until(lambda: len(_plane_threads(7)) == 2, 5), _plane_threads(7)
-        threads = _plane_threads(7)
-        assert sorted(threads) == [0, 1], threads
-        spare = threads[1]
-        # unpinned and idle: both threads read
-        assert _until(lambda: _waits_in(spare) == "recv", 5), _waits_in(spare)
-        seccomp_filter.go(channel)
-        _pin_every_thread({min(every_cpu)})
-        assert _until(lambda: _waits_in(spare) == "futex", 6), "the spare never parked"
-        seen.append(("pinned", _waits_in(spare)))
-        time.sleep(1.5)  # still parked a full recheck later
-        assert _waits_in(spare) == "futex"
-        _pin_every_thread(every_cpu)
-        assert _until(lambda: _waits_in(spare) == "recv", 6), "the spare never read again"
-        seen.append(("unpinned", _waits_in(spare)))
-        _, status = os.waitpid(pid, 0)
-        pid = 0
-        calls, failures = (int(x) for x in os.read(read_end, 100).split())
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-        assert calls > 0 and failures == 0, (calls, failures)
-        p.remove(7)
+        with plane_target(p, world, CALLER, str(world.main / "file"), "12") as target:
+            assert _until(lambda: len(_plane_threads(7)) == 2, 5), _plane_threads(7)
+            threads = _plane_threads(7)
+            assert sorted(threads) == [0, 1], threads
+            spare = threads[1]
+            # unpinned and idle: both threads read
+            assert _until(lambda: _waits_in(spare) == "recv", 5), _waits_in(spare)
+            target.go()
+            _pin_every_thread({min(every_cpu)})
+            assert _until(lambda: _waits_in(spare) == "futex", 6), "the spare never parked"
+            seen.append(("pinned", _waits_in(spare)))
+            time.sleep(1.5)  # still parked a full recheck later
+            assert _waits_in(spare) == "futex"
+            _pin_every_thread(every_cpu)
+            assert _until(lambda: _waits_in(spare) == "recv", 6), "the spare never read again"
+            seen.append(("unpinned", _waits_in(spare)))
+            status = target.wait()
+            calls, failures = (int(x) for x in os.read(target.read_end, 100).split())
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+            assert calls > 0 and failures == 0, (calls, failures)
+            p.remove(7)
     finally:
         _pin_every_thread(every_cpu)
-        if pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
-            os.waitpid(pid, 0)
-        os.close(read_end)
-        os.close(listener)
-        channel.close()
-        share.close()
     print(seen)
 
 
@@ -191,46 +175,27 @@ def test_under_auto_a_targets_calls_work_one_at_a_time(world: World,
     leased = world.main / "leased_by_the_target"
     leased.write_text("the target's own file\n")
     os.chown(leased, NOBODY, NOBODY)
-    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    share = policy.pin_share(root, str(world.main), [str(world.shares / "*")])
-    os.close(root)
-    read_end, write_end = os.pipe()
-    os.set_inheritable(write_end, True)
     samples: list[tuple[str, str]] = []
-    with lease_break_time(3):
-        pid, listener, channel = seccomp_filter.fork_under_filter(
-            (NOBODY, NOBODY), [sys.executable, "-c", LEASER, str(leased), str(write_end)])
-        os.close(write_end)
-        try:
-            p.add(7, listener, 0, share.share_id, share.dir_fd, share.path_fd,
-                  share.mount_id, share.dev, share.ino, share.whole_fs)
+    try:
+        with lease_break_time(3), plane_target(p, world, LEASER, str(leased)) as target:
             assert _until(lambda: len(_plane_threads(7)) == 2, 5)
             threads = _plane_threads(7)
-            seccomp_filter.go(channel)
+            target.go()
             deadline = time.monotonic() + 8
             while time.monotonic() < deadline:
                 states = tuple(_waits_in(threads[k]) for k in (0, 1))
                 samples.append(states)  # type: ignore[arg-type]
-                if select.select([read_end], [], [], 0.02)[0]:
+                if select.select([target.read_end], [], [], 0.02)[0]:
                     break
-            answers = [int(x) for x in os.read(read_end, 100).split()]
-            _, status = os.waitpid(pid, 0)
-            pid = 0
+            answers = [int(x) for x in os.read(target.read_end, 100).split()]
+            status = target.wait()
             assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
             assert answers == [0, 0], answers  # both opened once the lease was broken
             p.remove(7)
-        finally:
-            if pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, 9)
-                os.waitpid(pid, 0)
-            os.close(read_end)
-            os.close(listener)
-            channel.close()
-            share.close()
-            leased.unlink()
-    both_in_open = [s for s in samples if s == ("other", "other")]
-    one_waits = [s for s in samples if set(s) == {"other", "futex"}]
+    finally:
+        leased.unlink()
+    both_in_open = [s for s in samples if s == ("openat", "openat")]
+    one_waits = [s for s in samples if set(s) == {"openat", "futex"}]
     # the lease held the first open about 3 s: sampled every 20 ms, the second thread
     # waited for the work lock in futex meanwhile, and never opened alongside
     assert len(one_waits) >= 20, samples

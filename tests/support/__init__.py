@@ -14,6 +14,7 @@ clients and handle shorthands. conftest.py only turns these into fixtures.
 - oci_runtime.py: a stand-in OCI runtime (`python -m tests.support.oci_runtime`)
 - kubevirt.py: the virt-launcher pod, the launcher bundle, the webhook on loopback TLS
 - http_attack.py: connections held open against the HTTP endpoint (tests and bench)
+- plane_target.py: a real target served by a monitor._native.Plane in the test's process
 """
 
 from tests.support.agent import Agent
