@@ -2,7 +2,9 @@
 //!
 //! Isolation by construction: a target's calls are answered only by its own threads
 //! (`threads_per_target`), so a call that blocks or crawls holds that target's threads and
-//! nobody else's. The per-call counters are lock-free. A panic in a call's work is caught:
+//! nobody else's. Under data_plane_threads = "auto" (the default) those are two, of which
+//! only one works on a call at a time and the second reads only while it may use another
+//! CPU (Spare). The per-call counters are lock-free. A panic in a call's work is caught:
 //! the call is answered EIO (the reference's answer when a handler raises), counted, and
 //! the thread keeps serving. No thread holds the GIL while it receives or answers; a call
 //! the native code does not handle yet is passed to the Python reference (`Fallback`),
