@@ -141,7 +141,8 @@ class Service:
         res = subprocess.run([FHMON, "status", "--socket", self.socket, "--json"],
                              capture_output=True, text=True, timeout=10)
         assert res.returncode == 0, res.stderr
-        return json.loads(res.stdout)
+        status: dict[str, Any] = json.loads(res.stdout)
+        return status
 
     @property
     def pid(self) -> int:
