@@ -20,7 +20,8 @@ class Plane:
     """The native data plane (native/src/plane.rs)."""
 
     def __init__(self, accepted_flags: int, signing: bool, threads_per_target: int,
-                 buckets: list[float], fallback: Callable[[int, bytes], None],
+                 auto_threads: bool, buckets: list[float],
+                 fallback: Callable[[int, bytes], None],
                  hung_up: Callable[[int], None]) -> None: ...
     def set_keys(self, ring: KeyRing) -> None: ...
     def add(self, target_id: int, listener_fd: int, peer_uid: int, share_id: bytes,

@@ -19,10 +19,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from monitor.handlers.name_to_handle_at import ACCEPTED_FLAGS
-from monitor.metrics import LATENCY_BUCKETS
 from tests.support import World
-from tests.support.plane_target import plane_target
+from tests.support.plane_target import in_process_plane, plane_target
 
 _native = pytest.importorskip("monitor._native")
 
@@ -42,13 +40,8 @@ for _ in range(calls):
 
 @pytest.fixture
 def plane() -> Iterator[object]:
-    p = _native.Plane(ACCEPTED_FLAGS, True, 1, False, list(LATENCY_BUCKETS),
-                      lambda target, raw: None, lambda target: None)
-    p.set_keys(_native.KeyRing({1: bytes(range(32))}, 1))
-    try:
+    with in_process_plane(1) as p:
         yield p
-    finally:
-        p.stop()
 
 
 def _answers(read_end: int, count: int, timeout: float) -> list[int]:

@@ -20,11 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from monitor.handlers.name_to_handle_at import ACCEPTED_FLAGS
-from monitor.metrics import LATENCY_BUCKETS
 from protocol.kernel import SECCOMP_IOCTL_NOTIF_RECV
 from tests.support import NOBODY, World
-from tests.support.plane_target import plane_target
+from tests.support.plane_target import in_process_plane, plane_target
 from tests.support.world import lease_break_time
 
 _native = pytest.importorskip("monitor._native")
@@ -53,14 +51,8 @@ os.write(out, b"%d %d\n" % (calls, failures))
 
 @pytest.fixture
 def auto_plane() -> Iterator[object]:
-    threads, auto = 2, True  # monitor.dataplane.native_threads("auto")
-    p = _native.Plane(ACCEPTED_FLAGS, True, threads, auto, list(LATENCY_BUCKETS),
-                      lambda target, raw: None, lambda target: None)
-    p.set_keys(_native.KeyRing({1: bytes(range(32))}, 1))
-    try:
-        yield p
-    finally:
-        p.stop()
+    with in_process_plane("auto") as plane:
+        yield plane
 
 
 def _plane_threads(target_id: int) -> dict[int, int]:

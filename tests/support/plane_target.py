@@ -1,7 +1,8 @@
 """A real target served by a monitor._native.Plane made in the test's own process.
 
 For the tests that need the plane's test hooks or its threads in reach (the panic hook,
-the threads' waits in /proc/self/task): the target runs `python -c PROGRAM PATH OUT
+the threads' waits in /proc/self/task): in_process_plane() makes the plane; the target
+runs `python -c PROGRAM PATH OUT
 ARGS...` as uid 65534 under the real handle filter, OUT the write end of a pipe the test
 reads; it is registered with the plane and held until go(). Everything is closed and the
 target reaped when the block ends, whatever happened in it.
@@ -18,6 +19,33 @@ from typing import Any
 
 from monitor import policy, seccomp_filter
 from tests.support.world import NOBODY, World
+
+
+def _ignore_call(target_id: int, raw: bytes) -> None:
+    pass
+
+
+def _ignore_hang_up(target_id: int) -> None:
+    pass
+
+
+@contextlib.contextmanager
+def in_process_plane(threads: int | str) -> Iterator[Any]:
+    """A monitor._native.Plane in this process, signing with a fixed test key, with
+    data_plane_threads = threads; its fallback and hang-up callbacks do nothing."""
+    from monitor import _native
+    from monitor.dataplane import native_threads
+    from monitor.handlers.name_to_handle_at import ACCEPTED_FLAGS
+    from monitor.metrics import LATENCY_BUCKETS
+
+    count, auto = native_threads(threads)
+    plane = _native.Plane(ACCEPTED_FLAGS, True, count, auto, list(LATENCY_BUCKETS),
+                          _ignore_call, _ignore_hang_up)
+    plane.set_keys(_native.KeyRing({1: bytes(range(32))}, 1))
+    try:
+        yield plane
+    finally:
+        plane.stop()
 
 
 @dataclass
