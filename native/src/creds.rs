@@ -47,6 +47,24 @@ struct Lingering {
     groups: Vec<u32>,
 }
 
+impl Lingering {
+    /// Switch the thread to these, each only if it differs from what the thread has now
+    /// (setting an id to the value it has changes nothing: the kernel allocates new
+    /// credentials only to discard them); the groups are copied in place.
+    fn switch_to(&mut self, fsgid: u32, groups: &[u32]) -> Result<(), sys::Errno> {
+        if self.groups != groups {
+            sys::setgroups_thread(groups)?;
+            self.groups.clear();
+            self.groups.extend_from_slice(groups);
+        }
+        if self.fsgid != fsgid {
+            sys::setfsgid(fsgid);
+            self.fsgid = fsgid;
+        }
+        Ok(())
+    }
+}
+
 impl Baseline {
     pub fn measure() -> Result<Baseline, sys::Errno> {
         let (effective, permitted, inheritable) = sys::capget_thread()?;
@@ -77,17 +95,7 @@ impl Baseline {
     /// Back to the thread's own fsgid and groups (before Python code runs on the thread,
     /// and after a panic); Err if the groups could not be restored.
     pub fn settle(&self) -> Result<(), sys::Errno> {
-        let mut now = self.now.borrow_mut();
-        if now.groups != self.groups {
-            sys::setgroups_thread(&self.groups)?;
-            now.groups.clear();
-            now.groups.extend_from_slice(&self.groups);
-        }
-        if now.fsgid != self.fsgid {
-            sys::setfsgid(self.fsgid);
-            now.fsgid = self.fsgid;
-        }
-        Ok(())
+        self.now.borrow_mut().switch_to(self.fsgid, &self.groups)
     }
 
     /// The calling thread's credentials are still the ones measured (checked after a
@@ -160,20 +168,10 @@ impl<'a> ActingAs<'a> {
             fsuid_only,
         };
         // on an error the guard's drop switches back whatever was switched
-        {
-            let mut now = base.now.borrow_mut();
-            if creds.groups != now.groups {
-                sys::setgroups_thread(&creds.groups)?;
-                now.groups.clear();
-                now.groups.extend_from_slice(&creds.groups);
-            }
-            // setting an id to the value it has changes nothing (the kernel allocates new
-            // credentials only to discard them): skipped
-            if creds.fsgid != now.fsgid {
-                sys::setfsgid(creds.fsgid);
-                now.fsgid = creds.fsgid;
-            }
-        }
+        base.now
+            .borrow_mut()
+            .switch_to(creds.fsgid, &creds.groups)?;
+        // an fsuid equal to fhmon's own is not switched either (Lingering::switch_to)
         if creds.fsuid != base.fsuid {
             sys::setfsuid(creds.fsuid);
         }

@@ -500,7 +500,7 @@ impl Plane {
         raw: &[u8; abi::SECCOMP_NOTIF_SIZE],
         base: Option<&Baseline>,
         start: Instant,
-        working: Option<std::sync::MutexGuard<'_, ()>>,
+        mut working: Option<std::sync::MutexGuard<'_, ()>>,
     ) -> Result<(), ()> {
         let notif = Notification::parse(raw);
         let syscall = match (notif.arch, notif.nr) {
@@ -527,7 +527,6 @@ impl Plane {
             }
         };
         let syscall = syscall.unwrap_or(0);
-        let mut working = working;
         if !matches!(outcome, Outcome::Defer) {
             // the work is done: the answer is the target's to wait for, not the plane's
             // CPU, and holding the lock over it made the other thread, woken by the
