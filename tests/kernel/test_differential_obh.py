@@ -278,9 +278,9 @@ def test_threads_of_one_target_with_different_fsgids(world: World, fhmon: Any) -
         handle_type, signed, _ = handles(fh, root, name)
         got: list[tuple[int, int, int]] = []
         for gid in [gid_b, gid_a, gid_a, gid_b, gid_b, gid_a, gid_b, gid_a] * 3:
-            oracle = fh.call("with_fsgid", fsgid=inner[gid],
+            oracle = fh.call("thread_call", fsgid=inner[gid],
                              call={"op": "probe_open", "path": str(path), "flags": O_RDONLY})
-            answer = fh.call("with_fsgid", fsgid=inner[gid],
+            answer = fh.call("thread_call", fsgid=inner[gid],
                              call={"op": "obh", "f_handle": signed.hex(),
                                    "handle_type": handle_type, "flags": O_RDONLY})
             assert answer["fsgid"] == inner[gid], answer

@@ -15,13 +15,13 @@ import contextlib
 import os
 import select
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from protocol.kernel import SECCOMP_IOCTL_NOTIF_RECV
-from tests.support import NOBODY, World
+from tests.support import NOBODY, World, thread_syscalls, wait_until
 from tests.support.plane_target import in_process_plane, plane_target
 from tests.support.world import lease_break_time
 
@@ -70,7 +70,11 @@ def _plane_threads(target_id: int) -> dict[int, int]:
 def _waits_in(tid: int) -> str:
     """What the kernel says the thread is blocked in: "recv", "futex", "openat" or "other"
     (running, or in another syscall)."""
-    fields = Path(f"/proc/self/task/{tid}/syscall").read_text().split()
+    return _wait_of(thread_syscalls(os.getpid())[tid])
+
+
+def _wait_of(fields: list[str]) -> str:
+    """_waits_in for the fields of one thread's /proc/.../syscall."""
     if fields[0] == str(SYS_IOCTL) and int(fields[2], 16) == SECCOMP_IOCTL_NOTIF_RECV:
         return "recv"
     if fields[0] == str(SYS_FUTEX):
@@ -86,15 +90,6 @@ def _pin_every_thread(cpus: set[int]) -> None:
             os.sched_setaffinity(int(tid), cpus)
 
 
-def _until(check: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_the_spare_reads_only_while_it_may_use_a_second_cpu(world: World,
                                                             auto_plane: object) -> None:
     p: _native.Plane = auto_plane  # type: ignore[assignment]
@@ -104,20 +99,20 @@ def test_the_spare_reads_only_while_it_may_use_a_second_cpu(world: World,
     seen: list[tuple[str, str]] = []
     try:
         with plane_target(p, world, CALLER, str(world.main / "file"), "12") as target:
-            assert _until(lambda: len(_plane_threads(7)) == 2, 5), _plane_threads(7)
+            assert wait_until(lambda: len(_plane_threads(7)) == 2, 5), _plane_threads(7)
             threads = _plane_threads(7)
             assert sorted(threads) == [0, 1], threads
             spare = threads[1]
             # unpinned and idle: both threads read
-            assert _until(lambda: _waits_in(spare) == "recv", 5), _waits_in(spare)
+            assert wait_until(lambda: _waits_in(spare) == "recv", 5), _waits_in(spare)
             target.go()
             _pin_every_thread({min(every_cpu)})
-            assert _until(lambda: _waits_in(spare) == "futex", 6), "the spare never parked"
+            assert wait_until(lambda: _waits_in(spare) == "futex", 6), "the spare never parked"
             seen.append(("pinned", _waits_in(spare)))
             time.sleep(1.5)  # still parked a full recheck later
             assert _waits_in(spare) == "futex"
             _pin_every_thread(every_cpu)
-            assert _until(lambda: _waits_in(spare) == "recv", 6), "the spare never read again"
+            assert wait_until(lambda: _waits_in(spare) == "recv", 6), "the spare never read again"
             seen.append(("unpinned", _waits_in(spare)))
             status = target.wait()
             calls, failures = (int(x) for x in os.read(target.read_end, 100).split())
@@ -170,12 +165,13 @@ def test_under_auto_a_targets_calls_work_one_at_a_time(world: World,
     samples: list[tuple[str, str]] = []
     try:
         with lease_break_time(3), plane_target(p, world, LEASER, str(leased)) as target:
-            assert _until(lambda: len(_plane_threads(7)) == 2, 5)
+            assert wait_until(lambda: len(_plane_threads(7)) == 2, 5)
             threads = _plane_threads(7)
             target.go()
             deadline = time.monotonic() + 8
             while time.monotonic() < deadline:
-                states = tuple(_waits_in(threads[k]) for k in (0, 1))
+                now = thread_syscalls(os.getpid())  # both threads in one look
+                states = tuple(_wait_of(now[threads[k]]) for k in (0, 1))
                 samples.append(states)  # type: ignore[arg-type]
                 if select.select([target.read_end], [], [], 0.02)[0]:
                     break

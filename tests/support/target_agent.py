@@ -21,6 +21,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 PAGE = mmap.PAGESIZE
 SYS_N2H, SYS_OBH = 303, 304
+SYS_SETFSGID = 123
 CANARY = 0xA5
 
 
@@ -426,11 +427,15 @@ def race(cmd):
 
 
 def thread_call(cmd, ops):
-    """cmd["call"] on a new thread that exits afterwards; adds the thread's TID."""
+    """cmd["call"] on a new thread that exits afterwards; adds the thread's TID. With
+    cmd["fsgid"], the thread first sets its own fsgid (per thread) and reports it."""
     out = {}
 
     def run():
         out["tid"] = threading.get_native_id()
+        if "fsgid" in cmd:
+            libc.syscall(SYS_SETFSGID, ctypes.c_long(cmd["fsgid"]))
+            out["fsgid"] = libc.syscall(SYS_SETFSGID, ctypes.c_long(-1))
         out.update(ops[cmd["call"]["op"]](cmd["call"]))
 
     thread = threading.Thread(target=run)
@@ -516,7 +521,7 @@ def close_later(cmd):
     return {"ret": 0}
 
 
-CLONE_NEWUSER, SYS_SETFSGID = 0x10000000, 123
+CLONE_NEWUSER = 0x10000000
 
 
 def unshare_user(cmd):
@@ -527,26 +532,9 @@ def unshare_user(cmd):
     return {"errno": 0}
 
 
-def with_fsgid(cmd):
-    """cmd["call"] on a new thread whose fsgid (its own, per thread) is cmd["fsgid"]."""
-    out = {}
-
-    def run():
-        libc.syscall(SYS_SETFSGID, ctypes.c_long(cmd["fsgid"]))
-        out["fsgid"] = libc.syscall(SYS_SETFSGID, ctypes.c_long(-1))
-        out.update(OPS[cmd["call"]["op"]](cmd["call"]))
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    return out
-
-
-OPS = {}
 EXTRA_OPS = {"race": race, "storm": storm, "lease": take_lease, "close_later": close_later,
              "lingering_socket": lingering_socket, "stack_mounts": stack_mounts,
-             "symlinks": make_symlinks, "unshare_user": unshare_user,
-             "with_fsgid": with_fsgid}
+             "symlinks": make_symlinks, "unshare_user": unshare_user}
 
 
 def main():
@@ -560,7 +548,6 @@ def main():
            "fdcount": lambda c: {"fds": len(os.listdir("/proc/self/fd"))}}
     ops.update(EXTRA_OPS)
     ops["thread_call"] = lambda c: thread_call(c, ops)
-    OPS.update(ops)
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "exit":
