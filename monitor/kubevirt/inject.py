@@ -259,8 +259,9 @@ class _Document:
                 closing = mapping.end_mark.index - 1
                 base = _line_indent(self.text, mapping.start_mark.index)
                 return _Edit(closing, closing, entry + self._json(value, base))
-            last_key, _ = mapping.value[-1]
-            at = _content_end(mapping)
+            last_key, last_value = mapping.value[-1]
+            # After the last value, inside the braces: a flow mapping's own end is past "}".
+            at = _content_end(last_value)
             base = _line_indent(self.text, last_key.start_mark.index)
             multi_line = "\n" in self.text[mapping.start_mark.index:mapping.end_mark.index]
             separator = ("," + self.newline + " " * base) if multi_line else ", "

@@ -217,6 +217,49 @@ def test_block_spec_without_init_containers_gets_the_key() -> None:
     assert inject(out) == out
 
 
+INIT_CONTAINER_SHAPES = ("absent", "null", "empty", "present")
+SPEC_ORDERS = ("as rendered", "containers last", "volumes last", "initContainers last")
+
+
+def _serialisations(value: object) -> dict[str, str]:
+    return {
+        "compact JSON": json.dumps(value),
+        "JSON indent 2": json.dumps(value, indent=2),
+        "JSON indent 4": json.dumps(value, indent=4) + "\n",
+        "YAML block": yaml.safe_dump(value, sort_keys=False),
+        "YAML flow": yaml.safe_dump(value, sort_keys=False, default_flow_style=True, width=80),
+    }
+
+
+@pytest.mark.parametrize("order", SPEC_ORDERS)
+@pytest.mark.parametrize("init", INIT_CONTAINER_SHAPES)
+def test_inject_equals_the_patch_for_every_shape_of_spec(init: str, order: str) -> None:
+    """The class of the JSON bug (a key added after a flow mapping's closing brace): for
+    every place a list can be created or appended to, in every style, the text `inject`
+    writes parses to the pod the webhook's patch gives, and injects to itself."""
+    pod = yaml.safe_load(LAUNCHER_POD)
+    spec = pod["spec"]
+    if init == "absent":
+        del spec["initContainers"]
+    elif init == "null":
+        spec["initContainers"] = None
+    elif init == "empty":
+        spec["initContainers"] = []
+    key = order.removesuffix(" last")
+    if key in spec:
+        spec[key] = spec.pop(key)  # moved to the end of spec
+    pod["spec"] = spec
+    expected = apply_patch(pod, pod_patch(pod))
+    assert [c["name"] for c in expected["spec"]["initContainers"]][-1] == kc.LAUNCHER_INIT
+    for style, text in _serialisations(pod).items():
+        out = inject(text)
+        assert yaml.safe_load(out) == expected, style
+        assert set(yaml.safe_load(out)) == set(pod), style  # nothing at the top level
+        assert inject(out) == out, style
+        if "JSON" in style:
+            assert json.loads(out) == expected, style
+
+
 def test_null_init_containers() -> None:
     start = LAUNCHER_POD.index("  initContainers:\n")
     end = LAUNCHER_POD.index("  containers:\n")
