@@ -34,8 +34,11 @@ def test_killed_target_frees_everything_and_others_keep_working(spawn: Any,
                                                                 fhmon: Service) -> None:
     bystander: Agent = spawn()
     assert bystander.call("n2h", path="file")["errno"] == 0
-    # earlier tests' targets are gone (and their fds closed) before the baseline
-    assert wait_until(lambda: [t["pid"] for t in fhmon.status()["targets"]] == [bystander.pid])
+    # Earlier tests' exited targets are dropped (and their fds closed) before the baseline.
+    # A live process another test left registered is not this test's business: it keeps its
+    # fds, so the baseline still holds (waiting for it to go would only time out here).
+    assert wait_until(lambda: all(_alive(t["pid"]) for t in fhmon.status()["targets"]),
+                      timeout=30), fhmon.status()["targets"]
     baseline = fhmon.fd_count()
     victim: Agent = spawn()
     assert victim.call("n2h", path="file")["errno"] == 0
@@ -48,10 +51,22 @@ def test_killed_target_frees_everything_and_others_keep_working(spawn: Any,
     target_pid = victim.pid
     os.kill(target_pid, signal.SIGKILL)
     victim.proc.wait(timeout=10)
-    assert wait_until(lambda: target_pid not in [t["pid"] for t in fhmon.status()["targets"]])
-    assert wait_until(lambda: fhmon.fd_count() == baseline), (fhmon.fd_count(), baseline)
+    # generous: on a loaded 2-CPU machine the Python plane's threads notice the hang-up late
+    assert wait_until(lambda: target_pid not in [t["pid"] for t in fhmon.status()["targets"]],
+                      timeout=30)
+    assert wait_until(lambda: fhmon.fd_count() == baseline, timeout=30), (
+        fhmon.fd_count(), baseline)
     for _ in range(100):
         assert bystander.call("n2h", path="file")["errno"] == 0
+
+
+def _alive(pid: int) -> bool:
+    """pid is a process that has not exited (a zombie has: its filter has no task)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 def test_stopped_target_does_not_block_others(spawn: Any) -> None:
