@@ -1,7 +1,7 @@
 """`fhmon device-plugin`: a kubelet device plugin that mounts fhmon's socket directory.
 
 virt-launcher pods must not carry a hostPath, so the injected virtiofs container requests
-one `devices.kubevirt.io/fhmon`, and this plugin's Allocate answer tells the kubelet to
+one `fhmon.io/virtiofs`, and this plugin's Allocate answer tells the kubelet to
 bind-mount the host's socket directory (read-only: connecting to a unix socket needs no
 write access to the mount, and the container must not be able to plant files there) into
 the container at the same path. The directory rather than the socket is mounted, so that
@@ -30,10 +30,11 @@ from typing import Any
 import grpc
 
 from monitor import log
+from monitor.kubevirt import containers
 from protocol import deviceplugin as api
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-DEFAULT_RESOURCE = "devices.kubevirt.io/fhmon"
+DEFAULT_RESOURCE = containers.DEFAULT_RESOURCE  # fhmon.io/virtiofs
 DEFAULT_SOCKET_DIR = "/var/run/kubevirt/fhmon"
 DEFAULT_DEVICES = 1000
 REGISTER_TIMEOUT = 10.0

@@ -110,7 +110,7 @@ def test_register_list_and_watch_allocate(tmp_path: Path) -> None:
         fhmon = listening_socket(socket_dir / "fhmon.sock")
         registration = await kubelet.next_registration()
         assert registration.version == "v1beta1"
-        assert registration.resource_name == "devices.kubevirt.io/fhmon"
+        assert registration.resource_name == "fhmon.io/virtiofs"
         assert registration.endpoint == "fhmon.sock"
         assert (Path(config.plugin_dir) / registration.endpoint).is_socket()
         async with kubelet.dial(registration.endpoint) as call:
