@@ -155,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how many containers per node may hold the resource")
     _log_level(plugin)
     plugin.set_defaults(func=kubevirt.device_plugin)
+    profiles = sub.add_parser("install-seccomp-profiles", help="copy fhmon's seccomp profiles "
+                              "for confined virtiofs containers into DIRECTORY (the DaemonSet "
+                              "runs this for <kubelet seccomp root>/fhmon)")
+    profiles.add_argument("directory", help="where to put them")
+    profiles.add_argument("--from", dest="source", default="/usr/share/fhmon/seccomp",
+                          metavar="DIR", help="the profiles to install (default %(default)s, "
+                          "where the image has them)")
+    profiles.set_defaults(func=kubevirt.install_seccomp_profiles)
     install = sub.add_parser("install-launcher", help="copy a self-contained `fhmon launch` "
                              "into DIRECTORY (the injected init container runs this)")
     install.add_argument("directory", help="where to copy it (the launcher emptyDir)")

@@ -53,6 +53,21 @@ def install_launcher(args: argparse.Namespace) -> int:
     return 0
 
 
+def install_seccomp_profiles(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from monitor.kubevirt import seccomp
+
+    try:
+        written = seccomp.install(Path(args.source), Path(args.directory))
+    except (OSError, seccomp.ProfileError) as exc:
+        print(f"fhmon install-seccomp-profiles: {exc}", file=sys.stderr)
+        return 1
+    print(f"fhmon install-seccomp-profiles: {args.directory}: "
+          f"{', '.join(written) if written else 'up to date'}", file=sys.stderr)
+    return 0
+
+
 def webhook(args: argparse.Namespace) -> int:
     from monitor.kubevirt import webhook
 

@@ -128,3 +128,42 @@ SHIPPED = {
     # What KubeVirt's virt-handler installs as kubevirt/kubevirt.json (HCO sets it).
     "kubevirt.json": "kubevirt.json",
 }
+
+
+# Where the image carries the shipped profiles (deploy/Containerfile copies deploy/seccomp).
+IMAGE_PROFILES = "/usr/share/fhmon/seccomp"
+
+
+def install(source: Path, destination: Path) -> list[str]:
+    """Copy the shipped profiles (*.json of `source`) into `destination` (the kubelet's
+    seccomp root's fhmon/ directory), each replaced atomically and only when it differs, so
+    that a container being created never reads half a profile. Returns the names written.
+
+    Each file must be a profile (ProfileError otherwise, before anything is written): the
+    kubelet would refuse to start a container whose Localhost profile does not parse.
+    """
+    profiles = {path.name: path.read_bytes() for path in sorted(source.glob("*.json"))}
+    if not profiles:
+        raise ProfileError(f"{source}: no *.json profiles")
+    for name, data in profiles.items():
+        try:
+            value = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ProfileError(f"{source / name}: not JSON: {exc}") from None
+        if not isinstance(value, dict) or not isinstance(value.get("syscalls"), list):
+            raise ProfileError(f"{source / name}: not a seccomp profile")
+    destination.mkdir(mode=0o755, parents=True, exist_ok=True)
+    written = []
+    for name, data in profiles.items():
+        target = destination / name
+        try:
+            if target.read_bytes() == data:
+                continue
+        except FileNotFoundError:
+            pass
+        partial = destination / f".{name}.partial"
+        partial.write_bytes(data)
+        partial.chmod(0o644)
+        partial.replace(target)
+        written.append(name)
+    return written

@@ -87,3 +87,42 @@ def test_a_conditional_allow_is_replaced_not_kept() -> None:
 def test_not_a_profile_is_a_clear_error(bad: object) -> None:
     with pytest.raises(ProfileError):
         with_handle_calls(bad)
+
+
+def test_install_copies_the_shipped_profiles_atomically(tmp_path: Path) -> None:
+    destination = tmp_path / "seccomp" / "fhmon"
+    assert sorted(seccomp.install(SHIPPED, destination)) == sorted(seccomp.SHIPPED)
+    for name in seccomp.SHIPPED:
+        assert (destination / name).read_bytes() == (SHIPPED / name).read_bytes()
+        assert (destination / name).stat().st_mode & 0o777 == 0o644
+    assert seccomp.install(SHIPPED, destination) == []  # up to date: nothing rewritten
+    (destination / "kubevirt.json").write_text("{}")
+    assert seccomp.install(SHIPPED, destination) == ["kubevirt.json"]
+    assert sorted(p.name for p in destination.iterdir()) == sorted(seccomp.SHIPPED)
+
+
+def test_install_refuses_what_is_not_a_profile(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    with pytest.raises(ProfileError, match="no"):
+        seccomp.install(source, tmp_path / "out")
+    (source / "a.json").write_text('{"defaultAction": "SCMP_ACT_ERRNO", "syscalls": []}')
+    (source / "b.json").write_text("{not json")
+    with pytest.raises(ProfileError, match=r"b\.json"):
+        seccomp.install(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # nothing written before all were checked
+
+
+def test_install_command(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "monitor.cli", "install-seccomp-profiles",
+                             "--from", str(SHIPPED), str(tmp_path / "fhmon")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "fhmon").iterdir()) == sorted(seccomp.SHIPPED)
+    result = subprocess.run([sys.executable, "-m", "monitor.cli", "install-seccomp-profiles",
+                             "--from", str(tmp_path / "none"), str(tmp_path / "x")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
