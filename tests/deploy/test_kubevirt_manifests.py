@@ -288,3 +288,24 @@ def test_negative_device_plugin(overlay: list[dict[str, Any]]) -> None:
     plugin["securityContext"]["capabilities"]["add"] = ["SYS_ADMIN"]
     problems = check_device_plugin(daemonset)
     assert len(problems) == 4, problems
+
+
+def test_openshift_overlay_is_the_webhook_in_openshift_cnv_on_cri_o(
+        overlay: list[dict[str, Any]]) -> None:
+    """The namespace is one line of a kustomization: every reference to it (the webhook
+    configurations' Service, the CA injector's Certificate, the certificate's names) follows."""
+    openshift = render(OVERLAYS / "openshift")
+    assert check_webhook(openshift) == []
+    assert {key(o)[0::2] for o in openshift} == {key(o)[0::2] for o in overlay}
+    for config in (o for o in openshift if o["kind"] == "MutatingWebhookConfiguration"):
+        assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+            "openshift-cnv/fhmon-webhook"
+        assert {w["clientConfig"]["service"]["namespace"] for w in config["webhooks"]} == {
+            "openshift-cnv"}
+    assert named(openshift, "Certificate", "fhmon-webhook")["spec"]["dnsNames"] == [
+        "fhmon-webhook.openshift-cnv.svc", "fhmon-webhook.openshift-cnv.svc.cluster.local"]
+    args = webhook_container(named(openshift, "Deployment", "fhmon-webhook"))["args"]
+    assert "--runtime=cri-o" in args
+    assert "kubevirt.svc" not in yaml.safe_dump_all(openshift)
+    result = run_fhmon(*args[:1], "--help")
+    assert "--runtime" in result.stdout and "cri-o" in result.stdout
