@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from monitor.kubevirt import volumes
 from tests.deploy.checks import (
@@ -299,7 +300,8 @@ def test_keeper_container_serves_the_socket_fhmon_deposits_to(
     assert any(keeper_socket.startswith(path + "/") for path in mounts)
 
 
-def check_seccomp_profiles(daemonset: dict[str, Any]) -> list[str]:
+def check_seccomp_profiles(daemonset: dict[str, Any],
+                           kubelet_root: str = volumes.KUBELET_ROOT) -> list[str]:
     """The init container installs the shipped profiles where the webhook's Localhost
     profiles name them (<kubelet seccomp root>/<Settings.profile_dir>/), before the device
     plugin advertises the resource, from where the image has them."""
@@ -321,7 +323,7 @@ def check_seccomp_profiles(daemonset: dict[str, Any]) -> list[str]:
         return [f"{args[1]} is on no volume"]
     volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
     host = volume.get("hostPath", {}).get("path")
-    if host != "/var/lib/kubelet/seccomp" or mount["mountPath"] != host:
+    if host != f"{kubelet_root}/seccomp" or mount["mountPath"] != host:
         problems.append(f"the profiles go to {host}, not the kubelet's seccomp root")
     if args[1][len(mount["mountPath"]) + 1:] != containers.Settings().profile_dir:
         problems.append("the profiles go elsewhere than the webhook's Localhost profiles name")
@@ -367,3 +369,21 @@ def test_seccomp_profile_checks_catch_a_broken_copy(daemonset: dict[str, Any],
         case "readonly":
             init["volumeMounts"][0]["readOnly"] = True
     assert check_seccomp_profiles(ds) != []
+
+
+def test_a_non_default_kubelet_root_is_one_substitution(daemonset: dict[str, Any]) -> None:
+    """docs/kubevirt.md: `sed s|/var/lib/kubelet|ROOT|g` over the rendered manifests moves
+    every kubelet path (volumes, mounts, globs, the device plugin's and the profiles'
+    directories) and the checks still hold; the node then accepts the PVs under ROOT."""
+    root = "/data/k8s/kubelet"
+    moved = yaml.safe_load(yaml.safe_dump(daemonset).replace("/var/lib/kubelet", root))
+    assert ds_flags(moved)["--allow"] == volumes.node_allow_globs(root)
+    assert check_kubelet_mount(moved) == []
+    assert check_seccomp_profiles(moved, root) == []
+    spec = moved["spec"]["template"]["spec"]
+    (plugin,) = [c for c in spec["containers"] if c["name"] == "device-plugin"]
+    plugin_dir = plugin["args"][plugin["args"].index("--plugin-dir") + 1]
+    mount = next(m for m in plugin["volumeMounts"] if m["mountPath"] == plugin_dir)
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert plugin_dir == volume["hostPath"]["path"] == f"{root}/device-plugins"
+    assert "/var/lib/kubelet" not in yaml.safe_dump(moved)
