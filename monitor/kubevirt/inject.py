@@ -3,14 +3,18 @@
 virt-controller renders one container `virtiofs-<volume>` per filesystem volume of a VMI
 (`/usr/libexec/virtiofsd --socket-path=... --shared-dir=/<volume> ...`, uid 107, no
 capabilities). For those whose pod volume is a PersistentVolumeClaim (PVC and DataVolume
-volumes both become one), the injection
+volumes both become one; monitor/kubevirt/volumes.py), the injection
 
 - wraps virtiofsd in `fhmon launch` run by a self-contained launcher that an init container
   (from the fhmon image) copies into an emptyDir (the virt-launcher image has no Python);
 - requests the device-plugin resource whose Allocate mounts fhmon's socket directory into
   the container (no hostPath in the pod);
-- gives virtiofsd `--inode-file-handles=prefer` and, where it already has a migration mode,
-  `--migration-mode=file-handles`.
+- gives a container that would run under a seccomp profile fhmon's replacement for it
+  (replacement_profile), and leaves alone one under a profile fhmon has none for;
+- keeps KubeVirt's migration mode, unless the pod's VM opted in (fhmon.io/migration:
+  file-handles), when the launcher is told to migrate by handle.
+
+virt-controller's temporary ephemeral-provisioning pods are left alone.
 
 Why the text is edited rather than re-serialised: `fhmon inject` promises that every other
 document, pod, container and field stays byte-for-byte as it was (comments included), so the
