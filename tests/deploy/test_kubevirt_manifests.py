@@ -309,3 +309,16 @@ def test_openshift_overlay_is_the_webhook_in_openshift_cnv_on_cri_o(
     assert "kubevirt.svc" not in yaml.safe_dump_all(openshift)
     result = run_fhmon(*args[:1], "--help")
     assert "--runtime" in result.stdout and "cri-o" in result.stdout
+
+
+def test_inject_defaults_to_the_image_deploy_builds(overlay: list[dict[str, Any]]) -> None:
+    """`fhmon inject` without --image names a full reference, the one deploy/ builds and the
+    rendered webhook runs (registry/name:tag, not a bare name a node would pull from
+    docker.io)."""
+    image = webhook_container(named(overlay, "Deployment", "fhmon-webhook"))["image"]
+    assert containers.DEFAULT_IMAGE == image == "localhost/fhmon:latest"
+    assert "localhost/fhmon:latest" in (OVERLAYS.parent / "Containerfile").read_text()
+    pod = yaml.safe_load(inject.inject(LAUNCHER_POD))
+    assert pod["spec"]["initContainers"][-1]["image"] == image
+    result = run_fhmon("inject", "--help")
+    assert "localhost/fhmon:latest" in result.stdout
