@@ -10,6 +10,7 @@ import sys
 from monitor import __version__
 from monitor import config as cfg
 from monitor.commands import ask, daemons, keys, kubevirt, node
+from monitor.kubevirt.containers import DEFAULT_IMAGE, DEFAULT_RESOURCE
 
 DEFAULT_SOCKET = cfg.embedded_default().socket
 
@@ -19,6 +20,19 @@ def _client_socket(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
                         help=f"fhmon's socket (default {DEFAULT_SOCKET}, as plain "
                         f"`fhmon serve`)")
+
+
+def _injection_options(parser: argparse.ArgumentParser) -> None:
+    """What `inject` and `webhook` put into a pod (monitor/kubevirt/containers.Settings)."""
+    parser.add_argument("--image", default=DEFAULT_IMAGE,
+                        help="the fhmon image the launcher is copied from (default "
+                        "%(default)s, what deploy/ builds)")
+    parser.add_argument("--runtime", choices=("containerd", "cri-o"), default="containerd",
+                        help="the nodes' container runtime: whose RuntimeDefault the "
+                        "injected container's seccomp profile replaces (default %(default)s)")
+    parser.add_argument("--seccomp-default", dest="seccomp_default", action="store_true",
+                        help="the kubelets run with --seccomp-default: a pod without a "
+                        "seccomp profile runs under RuntimeDefault")
 
 
 def _log_level(parser: argparse.ArgumentParser) -> None:
@@ -116,8 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "containers of PVC volumes put under fhmon (offline)")
     inject.add_argument("-f", "--filename", required=True, metavar="FILE",
                         help="YAML or JSON (one document, several, or a List); - for stdin")
-    inject.add_argument("--image", default="fhmon",
-                        help="the fhmon image the launcher is copied from (default: fhmon)")
+    _injection_options(inject)
     inject.set_defaults(func=kubevirt.inject)
     hook = sub.add_parser("webhook", help="serve the mutating admission webhook that puts "
                           "virt-launcher pods' virtiofs containers under fhmon")
@@ -126,13 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="PEM certificate (chain); re-read when the file changes")
     hook.add_argument("--tls-key", dest="tls_key", required=True, metavar="FILE",
                       help="PEM private key of --tls-cert; re-read with it")
-    hook.add_argument("--image", default="fhmon",
-                      help="the fhmon image the injected init container runs")
+    _injection_options(hook)
     _log_level(hook)
     hook.set_defaults(func=kubevirt.webhook)
     plugin = sub.add_parser("device-plugin", help="kubelet device plugin whose resource "
                             "mounts fhmon's socket directory into a container")
-    plugin.add_argument("--resource", default="devices.kubevirt.io/fhmon",
+    plugin.add_argument("--resource", default=DEFAULT_RESOURCE,
                         help="the extended resource to advertise (default %(default)s)")
     plugin.add_argument("--plugin-dir", dest="plugin_dir",
                         default="/var/lib/kubelet/device-plugins",
@@ -143,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how many containers per node may hold the resource")
     _log_level(plugin)
     plugin.set_defaults(func=kubevirt.device_plugin)
+    profiles = sub.add_parser("install-seccomp-profiles", help="copy fhmon's seccomp profiles "
+                              "for confined virtiofs containers into DIRECTORY (the DaemonSet "
+                              "runs this for <kubelet seccomp root>/fhmon)")
+    profiles.add_argument("directory", help="where to put them")
+    profiles.add_argument("--from", dest="source", default="/usr/share/fhmon/seccomp",
+                          metavar="DIR", help="the profiles to install (default %(default)s, "
+                          "where the image has them)")
+    profiles.set_defaults(func=kubevirt.install_seccomp_profiles)
     install = sub.add_parser("install-launcher", help="copy a self-contained `fhmon launch` "
                              "into DIRECTORY (the injected init container runs this)")
     install.add_argument("directory", help="where to copy it (the launcher emptyDir)")

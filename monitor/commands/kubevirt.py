@@ -6,13 +6,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from typing import TYPE_CHECKING
 
 from monitor import log
 from monitor.commands.running import report_failure, run_service
 
+if TYPE_CHECKING:
+    from monitor.kubevirt import containers
+
 
 def inject(args: argparse.Namespace) -> int:
-    from monitor.kubevirt import containers, inject
+    from monitor.kubevirt import inject
 
     source = sys.stdin.buffer if args.filename == "-" else None
     try:
@@ -21,12 +25,19 @@ def inject(args: argparse.Namespace) -> int:
                 data = f.read()
         else:
             data = source.read()
-        text = inject.inject(data.decode("utf-8"), containers.Settings(image=args.image))
+        text = inject.inject(data.decode("utf-8"), injection_settings(args))
     except (OSError, UnicodeDecodeError, inject.InjectError) as exc:
         print(f"fhmon inject: {args.filename}: {exc}", file=sys.stderr)
         return 1
     sys.stdout.buffer.write(text.encode("utf-8"))
     return 0
+
+
+def injection_settings(args: argparse.Namespace) -> containers.Settings:
+    from monitor.kubevirt import containers
+
+    return containers.Settings(image=args.image, runtime=args.runtime,
+                               seccomp_default=args.seccomp_default)
 
 
 def install_launcher(args: argparse.Namespace) -> int:
@@ -42,8 +53,23 @@ def install_launcher(args: argparse.Namespace) -> int:
     return 0
 
 
+def install_seccomp_profiles(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from monitor.kubevirt import seccomp
+
+    try:
+        written = seccomp.install(Path(args.source), Path(args.directory))
+    except (OSError, seccomp.ProfileError) as exc:
+        print(f"fhmon install-seccomp-profiles: {exc}", file=sys.stderr)
+        return 1
+    print(f"fhmon install-seccomp-profiles: {args.directory}: "
+          f"{', '.join(written) if written else 'up to date'}", file=sys.stderr)
+    return 0
+
+
 def webhook(args: argparse.Namespace) -> int:
-    from monitor.kubevirt import containers, webhook
+    from monitor.kubevirt import webhook
 
     log.setup(args.log_level)
     try:
@@ -51,7 +77,7 @@ def webhook(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"fhmon webhook: {exc}", file=sys.stderr)
         return 2
-    settings = containers.Settings(image=args.image)
+    settings = injection_settings(args)
     try:
         run_service(webhook.serve, args.address, certificates, settings)
     except Exception as exc:

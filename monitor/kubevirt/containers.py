@@ -14,6 +14,18 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 LAUNCHER_DIR = "/var/run/fhmon/launcher"
+# The device plugin's extended resource: fhmon's own domain (devices.kubevirt.io/ is
+# KubeVirt's). One name for the injection, the device plugin's default and deploy/.
+DEFAULT_RESOURCE = "fhmon.io/virtiofs"
+# What deploy/ builds and names (deploy/base/kustomization.yaml's images entry).
+DEFAULT_IMAGE = "localhost/fhmon:latest"
+# A VM (its VMI's labels reach the pod) opts in to migrating by file handle with this label;
+# deploy/components/kubevirt-webhook's second configuration (failurePolicy: Fail) is the
+# only one shown such pods, so both ends of its migrations are injected.
+MIGRATION_LABEL = "fhmon.io/migration"
+MIGRATION_BY_HANDLE = "file-handles"
+# The launcher's opt-in (monitor/node.py's `launch`): migrate by handle.
+LAUNCHER_MIGRATION_FLAG = "--virtiofsd-migration=file-handles"
 LAUNCHER_VOLUME = "fhmon-launcher"
 LAUNCHER_INIT = "fhmon-launcher"
 QEMU_UID = 107
@@ -23,15 +35,24 @@ QEMU_UID = 107
 class Settings:
     """What the injected pieces point at; deploy/ and the webhook must agree on these."""
 
-    image: str = "fhmon"
+    image: str = DEFAULT_IMAGE
     socket: str = "/var/run/kubevirt/fhmon/fhmon.sock"
-    resource: str = "devices.kubevirt.io/fhmon"
+    resource: str = DEFAULT_RESOURCE
     # The launcher (CPython running `fhmon launch`) lives in the container's cgroup beside
     # virtiofsd; KubeVirt's 80M limit was sized for virtiofsd alone.
     memory_overhead: int = 64 * 1024 * 1024
     # prefer: files that cannot have a handle (EOPNOTSUPP) keep an O_PATH fd as today instead
     # of failing the guest's lookup; see docs/kubevirt.md.
     inode_file_handles: Literal["prefer", "mandatory"] = "prefer"
+    # The nodes' container runtime: which shipped profile replaces RuntimeDefault
+    # (monitor/kubevirt/seccomp.py; a cluster runs one, OpenShift CRI-O).
+    runtime: Literal["containerd", "cri-o"] = "containerd"
+    # Kubelets run with --seccomp-default: a pod without a profile gets RuntimeDefault
+    # without saying so, and the injected container needs the replacement all the same.
+    seccomp_default: bool = False
+    # Where the DaemonSet installs the shipped profiles, relative to the kubelet's seccomp
+    # root (a Localhost profile's localhostProfile).
+    profile_dir: str = "fhmon"
 
 
 DEFAULT_SETTINGS = Settings()  # frozen: one shared default
@@ -56,12 +77,29 @@ def as_list(value: Any) -> list[Any]:
 
 
 def inject_container(container: dict[str, Any], volume: str,
-                     settings: Settings = Settings()) -> dict[str, Any]:
-    """KubeVirt's virtiofs container, wrapped; key order kept, new keys appended."""
+                     settings: Settings = Settings(), *, seccomp_profile: str | None = None,
+                     migrate_by_handle: bool = False) -> dict[str, Any]:
+    """KubeVirt's virtiofs container, wrapped; key order kept, new keys appended.
+
+    seccomp_profile: a Localhost profile (under the kubelet's seccomp root) for this
+    container, replacing the one it would run under (see plan_pod). migrate_by_handle: the
+    launcher's opt-in to migrating by file handle; otherwise virtiofsd keeps KubeVirt's
+    migration mode.
+    """
     new = copy.deepcopy(container)
     share = f"/{volume}"
-    new["command"] = launcher_command(settings, share) + list(container["command"])
-    new["args"] = virtiofsd_args(as_list(container.get("args")), settings)
+    prefix = launcher_command(settings, share)
+    if migrate_by_handle:
+        at = prefix.index("--") if "--" in prefix else len(prefix)
+        prefix = [*prefix[:at], LAUNCHER_MIGRATION_FLAG, *prefix[at:]]
+    new["command"] = prefix + list(container["command"])
+    original = as_list(container.get("args"))
+    new["args"] = _kubevirts_migration_mode(original, virtiofsd_args(original, settings))
+    if seccomp_profile is not None:
+        found_context = new.get("securityContext")
+        context = dict(found_context) if isinstance(found_context, dict) else {}
+        context["seccompProfile"] = {"type": "Localhost", "localhostProfile": seccomp_profile}
+        new["securityContext"] = context
     new["volumeMounts"] = [*as_list(new.get("volumeMounts")),
                            {"name": LAUNCHER_VOLUME, "mountPath": LAUNCHER_DIR, "readOnly": True}]
     found = new.get("resources")
@@ -107,6 +145,26 @@ def virtiofsd_args(args: Sequence[Any], settings: Settings = Settings()) -> list
             continue
         out.append(arg)
     out.append(f"--inode-file-handles={settings.inode_file_handles}")
+    return out
+
+
+def _kubevirts_migration_mode(original: Sequence[Any], args: list[Any]) -> list[Any]:
+    """`args` with virtiofsd's migration mode as KubeVirt set it: migrating by handle is the
+    launcher's opt-in (LAUNCHER_MIGRATION_FLAG), never the default. (A no-op where
+    virtiofsd_args leaves the mode alone.)"""
+    modes: list[str] = []
+    for index, arg in enumerate(original):
+        if arg == "--migration-mode" and index + 1 < len(original):
+            modes.append(f"--migration-mode={original[index + 1]}")
+        elif isinstance(arg, str) and arg.startswith("--migration-mode="):
+            modes.append(arg)
+    out: list[Any] = []
+    for arg in args:
+        if isinstance(arg, str) and arg.startswith("--migration-mode=") and arg not in modes:
+            if modes:
+                out.append(modes.pop(0))
+            continue
+        out.append(arg)
     return out
 
 

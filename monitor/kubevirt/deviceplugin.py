@@ -1,7 +1,7 @@
 """`fhmon device-plugin`: a kubelet device plugin that mounts fhmon's socket directory.
 
 virt-launcher pods must not carry a hostPath, so the injected virtiofs container requests
-one `devices.kubevirt.io/fhmon`, and this plugin's Allocate answer tells the kubelet to
+one `fhmon.io/virtiofs`, and this plugin's Allocate answer tells the kubelet to
 bind-mount the host's socket directory (read-only: connecting to a unix socket needs no
 write access to the mount, and the container must not be able to plant files there) into
 the container at the same path. The directory rather than the socket is mounted, so that
@@ -30,13 +30,19 @@ from typing import Any
 import grpc
 
 from monitor import log
+from monitor.kubevirt import containers
 from protocol import deviceplugin as api
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-DEFAULT_RESOURCE = "devices.kubevirt.io/fhmon"
+DEFAULT_RESOURCE = containers.DEFAULT_RESOURCE  # fhmon.io/virtiofs
 DEFAULT_SOCKET_DIR = "/var/run/kubevirt/fhmon"
 DEFAULT_DEVICES = 1000
 REGISTER_TIMEOUT = 10.0
+# What KubeVirt's socket device plugin labels its sockets with (virt-handler's selinux
+# RelabelFilesUnprivileged): files every container_t process may use. Under SELinux a
+# virtiofs container (container_t) may not write a socket labelled for the host's /run.
+CONTAINER_FILE_LABEL = b"system_u:object_r:container_file_t:s0"
+SELINUX_FS = "/sys/fs/selinux"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +54,7 @@ class PluginConfig:
     fhmon_socket: str = "fhmon.sock"  # in socket_dir: its presence is the devices' health
     devices: int = DEFAULT_DEVICES
     poll_interval: float = 1.0
+    selinuxfs: str = SELINUX_FS  # its `enforce` file exists where SELinux is enabled
 
     @property
     def plugin_socket(self) -> str:
@@ -70,6 +77,8 @@ class DevicePlugin:
         self.generation = 0
         self.healthy = self.fhmon_present()
         self.allocations = 0
+        if self.healthy:
+            self.label_socket()
 
     def fhmon_present(self) -> bool:
         try:
@@ -78,10 +87,25 @@ class DevicePlugin:
             return False
         return stat.S_ISSOCK(mode)
 
+    def label_socket(self) -> list[str]:
+        """Label the socket directory and fhmon's socket for containers where SELinux is
+        enabled, as KubeVirt's socket device plugin does; problems are logged, not raised
+        (fhmon is an improvement, not a gate: a VM whose launcher cannot connect starts
+        without handles)."""
+        directory = self.config.socket_dir
+        problems = label_for_containers(
+            [directory, os.path.join(directory, self.config.fhmon_socket)],
+            self.config.selinuxfs)
+        for problem in problems:
+            log.event("device_plugin_selinux_label_failed", logging.WARNING, error=problem)
+        return problems
+
     def poll_health(self) -> None:
         healthy = self.fhmon_present()
         if healthy != self.healthy:
             self.healthy = healthy
+            if healthy:  # fhmon (re)created its socket
+                self.label_socket()
             self.generation += 1
             log.event("device_plugin_health", healthy=healthy)
             changed, self._changed = self._changed, asyncio.Event()
@@ -148,6 +172,32 @@ class DevicePlugin:
             "PreStartContainer": unary(self.pre_start, api.PreStartContainerRequest,
                                        api.PreStartContainerResponse),
         })
+
+
+def selinux_enabled(selinuxfs: str = SELINUX_FS) -> bool:
+    return os.path.exists(os.path.join(selinuxfs, "enforce"))
+
+
+def label_for_containers(paths: list[str], selinuxfs: str = SELINUX_FS) -> list[str]:
+    """Give each path CONTAINER_FILE_LABEL (unless it has it) where SELinux is enabled;
+    the problems met, one line each (none where SELinux is off).
+
+    The socket directory's label is inherited by the sockets fhmon creates in it later; the
+    socket is labelled too, for a directory that was labelled after the socket was made.
+    """
+    if not selinux_enabled(selinuxfs):
+        return []
+    problems = []
+    for path in paths:
+        try:
+            current = os.getxattr(path, "security.selinux", follow_symlinks=False)
+            if current.rstrip(b"\0") == CONTAINER_FILE_LABEL:
+                continue
+            os.setxattr(path, "security.selinux", CONTAINER_FILE_LABEL, follow_symlinks=False)
+        except OSError as exc:
+            problems.append(f"cannot label {path} {CONTAINER_FILE_LABEL.decode()}: "
+                            f"{exc.strerror or exc}")
+    return problems
 
 
 class RegistrationError(Exception):

@@ -3,14 +3,18 @@
 virt-controller renders one container `virtiofs-<volume>` per filesystem volume of a VMI
 (`/usr/libexec/virtiofsd --socket-path=... --shared-dir=/<volume> ...`, uid 107, no
 capabilities). For those whose pod volume is a PersistentVolumeClaim (PVC and DataVolume
-volumes both become one), the injection
+volumes both become one; monitor/kubevirt/volumes.py), the injection
 
 - wraps virtiofsd in `fhmon launch` run by a self-contained launcher that an init container
   (from the fhmon image) copies into an emptyDir (the virt-launcher image has no Python);
 - requests the device-plugin resource whose Allocate mounts fhmon's socket directory into
   the container (no hostPath in the pod);
-- gives virtiofsd `--inode-file-handles=prefer` and, where it already has a migration mode,
-  `--migration-mode=file-handles`.
+- gives a container that would run under a seccomp profile fhmon's replacement for it
+  (replacement_profile), and leaves alone one under a profile fhmon has none for;
+- keeps KubeVirt's migration mode, unless the pod's VM opted in (fhmon.io/migration:
+  file-handles), when the launcher is told to migrate by handle.
+
+virt-controller's temporary ephemeral-provisioning pods are left alone.
 
 Why the text is edited rather than re-serialised: `fhmon inject` promises that every other
 document, pod, container and field stays byte-for-byte as it was (comments included), so the
@@ -28,10 +32,13 @@ from typing import Any, Literal
 
 import yaml
 
+from monitor.kubevirt import volumes
 from monitor.kubevirt.containers import (
     DEFAULT_SETTINGS,
     LAUNCHER_INIT,
     LAUNCHER_VOLUME,
+    MIGRATION_BY_HANDLE,
+    MIGRATION_LABEL,
     Settings,
     as_list,
     inject_container,
@@ -41,10 +48,11 @@ from monitor.kubevirt.containers import (
 
 VIRTIOFSD = "/usr/libexec/virtiofsd"
 CONTAINER_PREFIX = "virtiofs-"
-# Seccomp profiles that would stack under fhmon's notify filter and answer the two handle
-# syscalls with EPERM first (an ERRNO result outranks USER_NOTIF), so fhmon would never be
-# asked. Pods confined so are left alone: they keep running as today, without handles.
-CONFINING_SECCOMP = frozenset({"RuntimeDefault", "Localhost"})
+# virt-controller's temporary pod that only binds WaitForFirstConsumer volumes
+# (RenderLaunchManifestNoVm): it never runs a VM, so it gets nothing.
+EPHEMERAL_PROVISIONING = "kubevirt.io/ephemeral-provisioning"
+# KubeVirt's own Localhost profile (virt-handler installs it; HCO selects it).
+KUBEVIRT_PROFILE = "kubevirt/kubevirt.json"
 
 
 class InjectError(ValueError):
@@ -75,22 +83,31 @@ def plan_pod(pod: Any, settings: Settings = DEFAULT_SETTINGS) -> list[Op]:
     """The operations that put the pod's PVC virtiofs containers under fhmon ([] if none)."""
     if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
         return []
+    found_metadata = pod.get("metadata")
+    metadata: dict[str, Any] = found_metadata if isinstance(found_metadata, dict) else {}
+    annotations = metadata.get("annotations")
+    if isinstance(annotations, dict) and annotations.get(EPHEMERAL_PROVISIONING) == "true":
+        return []
+    labels = metadata.get("labels")
+    by_handle = isinstance(labels, dict) and labels.get(MIGRATION_LABEL) == MIGRATION_BY_HANDLE
     spec = pod["spec"]
-    volumes = {v.get("name"): v for v in as_list(spec.get("volumes")) if isinstance(v, dict)}
-    pod_seccomp = _seccomp_type(spec.get("securityContext"))
+    pod_volumes = {v.get("name"): v for v in as_list(spec.get("volumes")) if isinstance(v, dict)}
+    pod_seccomp = _seccomp_profile(spec.get("securityContext"))
     ops: list[Op] = []
     for index, container in enumerate(as_list(spec.get("containers"))):
-        volume = _pvc_virtiofs_volume(container, volumes)
+        volume = _pvc_virtiofs_volume(container, pod_volumes)
         if volume is None:
             continue
-        seccomp = _seccomp_type(container.get("securityContext")) or pod_seccomp
-        if seccomp in CONFINING_SECCOMP:
+        seccomp = _seccomp_profile(container.get("securityContext")) or pod_seccomp
+        replacement = replacement_profile(seccomp, settings)
+        if replacement is False:
             continue
         ops.append(Op("replace", ("spec", "containers", index),
-                      inject_container(container, volume, settings)))
+                      inject_container(container, volume, settings, seccomp_profile=replacement,
+                                       migrate_by_handle=by_handle)))
     if not ops:
         return []
-    if LAUNCHER_VOLUME not in volumes:
+    if LAUNCHER_VOLUME not in pod_volumes:
         ops.append(_append(spec, "volumes", launcher_volume()))
     if not any(isinstance(c, dict) and c.get("name") == LAUNCHER_INIT
                for c in as_list(spec.get("initContainers"))):
@@ -110,15 +127,39 @@ def _append(spec: dict[str, Any], key: str, value: Any) -> Op:
     return Op("replace" if key in spec else "add", ("spec", key), [value])
 
 
-def _seccomp_type(security_context: Any) -> str | None:
+def _seccomp_profile(security_context: Any) -> dict[str, Any] | None:
     if isinstance(security_context, dict):
         profile = security_context.get("seccompProfile")
         if isinstance(profile, dict) and isinstance(profile.get("type"), str):
-            return str(profile["type"])
+            return profile
     return None
 
 
-def _pvc_virtiofs_volume(container: Any, volumes: dict[Any, Any]) -> str | None:
+def replacement_profile(profile: dict[str, Any] | None,
+                        settings: Settings) -> str | Literal[False] | None:
+    """The Localhost profile an injected virtiofs container gets instead of `profile` (the
+    one it would run under: its own, else the pod's): None for none (unconfined), False to
+    leave the container alone.
+
+    The runtime's filter and the launcher's notify filter stack, and an ERRNO answer outranks
+    USER_NOTIF: under the runtimes' defaults open_by_handle_at would fail before fhmon is
+    asked. Each replacement is the profile it replaces with the two handle calls allowed and
+    nothing else (monitor/kubevirt/seccomp.py; deploy/seccomp/). A Localhost profile fhmon
+    has no replacement for is left as it is, and so is the container.
+    """
+    kind = profile.get("type") if profile else None
+    if kind is None and settings.seccomp_default:
+        kind = "RuntimeDefault"  # what the kubelet will apply
+    if kind in (None, "Unconfined"):
+        return None
+    if kind == "RuntimeDefault":
+        return f"{settings.profile_dir}/{settings.runtime}-runtime-default.json"
+    if kind == "Localhost" and profile and profile.get("localhostProfile") == KUBEVIRT_PROFILE:
+        return f"{settings.profile_dir}/kubevirt.json"
+    return False
+
+
+def _pvc_virtiofs_volume(container: Any, pod_volumes: dict[Any, Any]) -> str | None:
     """The volume name if this is KubeVirt's (not yet injected) virtiofsd of a PVC."""
     if not isinstance(container, dict):
         return None
@@ -132,8 +173,7 @@ def _pvc_virtiofs_volume(container: Any, volumes: dict[Any, Any]) -> str | None:
                and m.get("mountPath") == f"/{volume}"
                for m in as_list(container.get("volumeMounts"))):
         return None
-    source = volumes.get(volume)
-    if not isinstance(source, dict) or not isinstance(source.get("persistentVolumeClaim"), dict):
+    if not volumes.qualifies(pod_volumes.get(volume)):
         return None  # ConfigMap, Secret, DownwardAPI, ServiceAccount...: no handles needed
     return volume
 

@@ -54,6 +54,8 @@ KUSTOMIZATION_KEYS = {
     "resources",
     "components",
     "images",
+    "replacements",
+    "patches",
 }
 
 
@@ -128,6 +130,67 @@ def apply_transformers(objs: list[dict[str, Any]], k: dict[str, Any]) -> None:
                 c["image"] = new
 
 
+def _path_parts(field_path: str) -> list[str]:
+    """kustomize's fieldPath: dot-separated, `[key]` for a key holding dots, `*` for every
+    item of a list."""
+    return [m.group(1) or m.group(2) for m in re.finditer(r"\[([^\]]+)\]|([^.\[]+)",
+                                                           field_path)]
+
+
+def _get(obj: Any, parts: list[str]) -> Any:
+    for part in parts:
+        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
+    return obj
+
+
+def _set(obj: Any, parts: list[str], value: str, options: dict[str, Any]) -> None:
+    head, rest = parts[0], parts[1:]
+    if head == "*" and isinstance(obj, list):
+        for index in range(len(obj)):
+            _set(obj, [str(index), *rest], value, options)
+        return
+    key: Any = int(head) if isinstance(obj, list) else head
+    if rest:
+        _set(obj[key], rest, value, options)
+        return
+    if "delimiter" in options:
+        pieces = str(obj[key]).split(options["delimiter"])
+        pieces[options.get("index", 0)] = value
+        value = options["delimiter"].join(pieces)
+    obj[key] = value
+
+
+def apply_replacements(objs: list[dict[str, Any]], k: dict[str, Any]) -> None:
+    """The subset of kustomize's replacements the overlays use: a source object's field
+    copied into target fields (all objects of a kind, or one by name), whole or as one
+    delimited piece."""
+    for replacement in k.get("replacements", []):
+        source = replacement["source"]
+        (origin,) = [o for o in objs if o["kind"] == source["kind"]
+                     and o["metadata"]["name"] == source["name"]]
+        value = _get(origin, _path_parts(source["fieldPath"]))
+        for target in replacement["targets"]:
+            select = target["select"]
+            for obj in objs:
+                if obj["kind"] != select["kind"] or select.get("name", obj["metadata"][
+                        "name"]) != obj["metadata"]["name"]:
+                    continue
+                for field_path in target["fieldPaths"]:
+                    _set(obj, _path_parts(field_path), value, target.get("options", {}))
+
+
+def apply_patches(objs: list[dict[str, Any]], k: dict[str, Any]) -> None:
+    """Inline JSON 6902 patches (add/replace) on the objects a target names."""
+    from tests.support.kubevirt import apply_patch
+
+    for entry in k.get("patches", []):
+        target = entry["target"]
+        operations = yaml.safe_load(entry["patch"])
+        for index, obj in enumerate(objs):
+            if obj["kind"] == target["kind"] and obj["metadata"]["name"] == target["name"]:
+                objs[index] = apply_patch(obj, operations)
+
+
 def render(directory: Path) -> list[dict[str, Any]]:
     """Render a kustomization: resources (files or directories), components, transformers."""
     k = load_kustomization(directory, "Kustomization")
@@ -140,7 +203,9 @@ def render(directory: Path) -> list[dict[str, Any]]:
         for res in ck.get("resources", []):
             objs += load_docs(directory / comp / res)
         apply_transformers(objs, ck)
+    apply_patches(objs, k)
     apply_transformers(objs, k)
+    apply_replacements(objs, k)
     return objs
 
 

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from monitor.kubevirt import volumes
 from tests.deploy.checks import (
     KEY_SECRET,
     SECRET_DATA,
@@ -46,11 +48,10 @@ def test_daemonset_security(daemonset: dict[str, Any]) -> None:
 
 
 def test_daemonset_share_globs(daemonset: dict[str, Any]) -> None:
+    # Exactly what the webhook's decision needs (monitor/kubevirt/volumes.py): whatever it
+    # injects, the node accepts; tests/unit/test_kubevirt_volumes.py matches real paths.
     globs = ds_flags(daemonset)["--allow"]
-    assert globs == [
-        "/var/lib/kubelet/pods/*/volumes/kubernetes.io~csi/*/mount",
-        "/var/lib/kubelet/pods/*/volumes/kubernetes.io~empty-dir/*",
-    ]
+    assert globs == volumes.node_allow_globs()
     assert check_kubelet_mount(daemonset) == []
 
 
@@ -156,7 +157,7 @@ def test_operating_checks_catch_a_broken_copy(daemonset: dict[str, Any], breakag
     ds = copy.deepcopy(daemonset)
     spec = ds["spec"]["template"]["spec"]
     server = fhmon_container(ds)
-    (init,) = spec["initContainers"]
+    (init,) = [c for c in spec["initContainers"] if c["name"] == "check"]
     match breakage:
         case "cpu-limit":
             server["resources"]["limits"]["cpu"] = "500m"
@@ -297,3 +298,92 @@ def test_keeper_container_serves_the_socket_fhmon_deposits_to(
     assert keeper["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     mounts = {m["mountPath"] for m in keeper["volumeMounts"]}
     assert any(keeper_socket.startswith(path + "/") for path in mounts)
+
+
+def check_seccomp_profiles(daemonset: dict[str, Any],
+                           kubelet_root: str = volumes.KUBELET_ROOT) -> list[str]:
+    """The init container installs the shipped profiles where the webhook's Localhost
+    profiles name them (<kubelet seccomp root>/<Settings.profile_dir>/), before the device
+    plugin advertises the resource, from where the image has them."""
+    from monitor.kubevirt import containers, seccomp
+
+    problems: list[str] = []
+    spec = daemonset["spec"]["template"]["spec"]
+    found = [c for c in spec.get("initContainers", []) if c["name"] == "seccomp-profiles"]
+    if len(found) != 1:
+        return ["no seccomp-profiles init container"]
+    (init,) = found
+    args = init["args"]
+    if args[0] != "install-seccomp-profiles" or len(args) != 2:
+        problems.append(f"not `fhmon install-seccomp-profiles DIR`: {args}")
+        return problems
+    mount = next((m for m in init.get("volumeMounts", [])
+                  if args[1].startswith(m["mountPath"] + "/")), None)
+    if mount is None:
+        return [f"{args[1]} is on no volume"]
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    host = volume.get("hostPath", {}).get("path")
+    if host != f"{kubelet_root}/seccomp" or mount["mountPath"] != host:
+        problems.append(f"the profiles go to {host}, not the kubelet's seccomp root")
+    if args[1][len(mount["mountPath"]) + 1:] != containers.Settings().profile_dir:
+        problems.append("the profiles go elsewhere than the webhook's Localhost profiles name")
+    if mount.get("readOnly"):
+        problems.append("the seccomp root must be writable for the installer")
+    names = {p.name for p in (Path(__file__).resolve().parents[2] / "deploy" / "seccomp")
+             .glob("*.json")}
+    if names != set(seccomp.SHIPPED):
+        problems.append(f"deploy/seccomp holds {sorted(names)}, not the shipped profiles")
+    return problems
+
+
+def test_seccomp_profiles_are_installed(daemonset: dict[str, Any]) -> None:
+    assert check_seccomp_profiles(daemonset) == []
+    containerfile = CONTAINERFILE.read_text()
+    assert "COPY --from=build /src/deploy/seccomp/*.json /usr/share/fhmon/seccomp/" in \
+        containerfile
+    from monitor.kubevirt import seccomp
+    assert seccomp.IMAGE_PROFILES == "/usr/share/fhmon/seccomp"
+    # Every Localhost profile the injection can give is one that is installed.
+    from monitor.kubevirt import inject
+    from monitor.kubevirt.containers import Settings
+    for settings in (Settings(), Settings(runtime="cri-o")):
+        for profile in ({"type": "RuntimeDefault"}, {"type": "Localhost",
+                                                      "localhostProfile": inject.KUBEVIRT_PROFILE}):
+            name = inject.replacement_profile(profile, settings)
+            assert isinstance(name, str) and name.startswith(settings.profile_dir + "/")
+            assert name.removeprefix(settings.profile_dir + "/") in seccomp.SHIPPED
+
+
+@pytest.mark.parametrize("breakage", ["path", "dir", "readonly"])
+def test_seccomp_profile_checks_catch_a_broken_copy(daemonset: dict[str, Any],
+                                                    breakage: str) -> None:
+    ds = copy.deepcopy(daemonset)
+    spec = ds["spec"]["template"]["spec"]
+    (init,) = [c for c in spec["initContainers"] if c["name"] == "seccomp-profiles"]
+    match breakage:
+        case "path":
+            next(v for v in spec["volumes"] if v["name"] == "kubelet-seccomp")["hostPath"][
+                "path"] = "/var/lib/seccomp"
+        case "dir":
+            init["args"][1] = "/var/lib/kubelet/seccomp/other"
+        case "readonly":
+            init["volumeMounts"][0]["readOnly"] = True
+    assert check_seccomp_profiles(ds) != []
+
+
+def test_a_non_default_kubelet_root_is_one_substitution(daemonset: dict[str, Any]) -> None:
+    """docs/kubevirt.md: `sed s|/var/lib/kubelet|ROOT|g` over the rendered manifests moves
+    every kubelet path (volumes, mounts, globs, the device plugin's and the profiles'
+    directories) and the checks still hold; the node then accepts the PVs under ROOT."""
+    root = "/data/k8s/kubelet"
+    moved = yaml.safe_load(yaml.safe_dump(daemonset).replace("/var/lib/kubelet", root))
+    assert ds_flags(moved)["--allow"] == volumes.node_allow_globs(root)
+    assert check_kubelet_mount(moved) == []
+    assert check_seccomp_profiles(moved, root) == []
+    spec = moved["spec"]["template"]["spec"]
+    (plugin,) = [c for c in spec["containers"] if c["name"] == "device-plugin"]
+    plugin_dir = plugin["args"][plugin["args"].index("--plugin-dir") + 1]
+    mount = next(m for m in plugin["volumeMounts"] if m["mountPath"] == plugin_dir)
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert plugin_dir == volume["hostPath"]["path"] == f"{root}/device-plugins"
+    assert "/var/lib/kubelet" not in yaml.safe_dump(moved)

@@ -85,29 +85,75 @@ def check_webhook(objs: list[dict[str, Any]]) -> list[str]:
     # The image the injected init container copies the launcher from is this image.
     if flag(args, "--image") != container["image"]:
         problems.append("--image is not the webhook's own (rendered) image")
-    # The configuration calls that Service, on that port, at /mutate.
+    # Two configurations call that Service, on that port, at /mutate: the optional
+    # improvement (Ignore) for every virt-launcher pod but those that opted in to migrating
+    # by handle, and the gate (Fail) for exactly those.
     mwc = named(objs, "MutatingWebhookConfiguration", "fhmon")
+    migration = named(objs, "MutatingWebhookConfiguration", "fhmon-migration")
     (hook,) = mwc["webhooks"]
-    target = hook["clientConfig"]["service"]
-    if (target["namespace"], target["name"]) != (service["metadata"]["namespace"],
-                                                 service["metadata"]["name"]):
-        problems.append("the webhook configuration calls another Service")
-    if target.get("port", 443) != service_port["port"] or target["path"] != "/mutate":
-        problems.append("the webhook configuration calls another port or path")
-    if hook["objectSelector"] != {"matchLabels": {"kubevirt.io": "virt-launcher"}}:
-        problems.append("objectSelector is not kubevirt.io: virt-launcher")
-    if hook["sideEffects"] != "None" or not 1 <= hook["timeoutSeconds"] <= 10:
-        problems.append("sideEffects must be None and timeoutSeconds 1..10")
+    (gate,) = migration["webhooks"]
+    for config in (hook, gate):
+        target = config["clientConfig"]["service"]
+        if (target["namespace"], target["name"]) != (service["metadata"]["namespace"],
+                                                     service["metadata"]["name"]):
+            problems.append("the webhook configuration calls another Service")
+        if target.get("port", 443) != service_port["port"] or target["path"] != "/mutate":
+            problems.append("the webhook configuration calls another port or path")
+        if config["sideEffects"] != "None" or not 1 <= config["timeoutSeconds"] <= 10:
+            problems.append("sideEffects must be None and timeoutSeconds 1..10")
+        if config["rules"] != [{"operations": ["CREATE"], "apiGroups": [""],
+                                "apiVersions": ["v1"], "resources": ["pods"],
+                                "scope": "Namespaced"}]:
+            problems.append("the rules must be pod CREATE only")
     if hook["failurePolicy"] != "Ignore":
         problems.append("failurePolicy must be Ignore (docs/kubevirt.md)")
-    if hook["rules"] != [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                          "resources": ["pods"], "scope": "Namespaced"}]:
-        problems.append("the rules must be pod CREATE only")
-    injected_from = mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
-    for certificate in certificates:
-        if injected_from != f"{certificate['metadata']['namespace']}/" \
-                            f"{certificate['metadata']['name']}":
-            problems.append("cert-manager.io/inject-ca-from names another Certificate")
+    if gate["failurePolicy"] != "Fail":
+        problems.append("the migration opt-in's failurePolicy must be Fail")
+    problems += check_selectors(hook["objectSelector"], gate["objectSelector"])
+    for config in (mwc, migration):
+        injected_from = config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        for certificate in certificates:
+            if injected_from != f"{certificate['metadata']['namespace']}/" \
+                                f"{certificate['metadata']['name']}":
+                problems.append("cert-manager.io/inject-ca-from names another Certificate")
+    return problems
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels, matchExpressions) applied as the API server does."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get(
+            "values", [])
+        present = key in labels
+        if not {"In": present and labels[key] in values,
+                "NotIn": not present or labels[key] not in values,
+                "Exists": present, "DoesNotExist": not present}[operator]:
+            return False
+    return True
+
+
+LABEL_SETS = [
+    {},
+    {"kubevirt.io": "virt-launcher"},
+    {"kubevirt.io": "virt-launcher", containers.MIGRATION_LABEL: containers.MIGRATION_BY_HANDLE},
+    {"kubevirt.io": "virt-launcher", containers.MIGRATION_LABEL: "find-paths"},
+    {"kubevirt.io": "virt-handler", containers.MIGRATION_LABEL: containers.MIGRATION_BY_HANDLE},
+    {containers.MIGRATION_LABEL: containers.MIGRATION_BY_HANDLE},
+]
+
+
+def check_selectors(improvement: dict[str, Any], gate: dict[str, Any]) -> list[str]:
+    """Every virt-launcher pod is shown to exactly one configuration, and the gate gets
+    exactly the pods the injection migrates by handle."""
+    problems: list[str] = []
+    for labels in LABEL_SETS:
+        launcher = labels.get("kubevirt.io") == "virt-launcher"
+        by_handle = labels.get(containers.MIGRATION_LABEL) == containers.MIGRATION_BY_HANDLE
+        shown = (selects(improvement, labels), selects(gate, labels))
+        if shown != (launcher and not by_handle, launcher and by_handle):
+            problems.append(f"objectSelector: pod labels {labels} go to {shown}")
     return problems
 
 
@@ -119,6 +165,7 @@ def test_overlay_adds_the_webhook(overlay: list[dict[str, Any]]) -> None:
         ("PodDisruptionBudget", NAMESPACE, "fhmon-webhook"),
         ("Service", NAMESPACE, "fhmon-webhook"),
         ("MutatingWebhookConfiguration", "", "fhmon"),
+        ("MutatingWebhookConfiguration", "", "fhmon-migration"),
         ("Issuer", NAMESPACE, "fhmon-selfsigned"),
         ("Certificate", NAMESPACE, "fhmon-webhook"),
     }
@@ -176,6 +223,12 @@ def test_self_signed_overlay_is_the_webhook_without_cert_manager(
         failurePolicy="Fail"), "failurePolicy"),
     (lambda o: named(o, "MutatingWebhookConfiguration", "fhmon")["webhooks"][0].update(
         objectSelector={}), "objectSelector"),
+    (lambda o: named(o, "MutatingWebhookConfiguration", "fhmon")["webhooks"][0][
+        "objectSelector"].pop("matchExpressions"), "objectSelector"),
+    (lambda o: named(o, "MutatingWebhookConfiguration", "fhmon-migration")["webhooks"][0].update(
+        failurePolicy="Ignore"), "Fail"),
+    (lambda o: named(o, "MutatingWebhookConfiguration", "fhmon-migration")["webhooks"][0][
+        "clientConfig"]["service"].update(path="/other"), "port or path"),
     (lambda o: named(o, "Certificate", "fhmon-webhook")["spec"].update(secretName="other"),
      "another Secret"),
     (lambda o: webhook_container(named(o, "Deployment", "fhmon-webhook"))["args"].__setitem__(
@@ -235,3 +288,37 @@ def test_negative_device_plugin(overlay: list[dict[str, Any]]) -> None:
     plugin["securityContext"]["capabilities"]["add"] = ["SYS_ADMIN"]
     problems = check_device_plugin(daemonset)
     assert len(problems) == 4, problems
+
+
+def test_openshift_overlay_is_the_webhook_in_openshift_cnv_on_cri_o(
+        overlay: list[dict[str, Any]]) -> None:
+    """The namespace is one line of a kustomization: every reference to it (the webhook
+    configurations' Service, the CA injector's Certificate, the certificate's names) follows."""
+    openshift = render(OVERLAYS / "openshift")
+    assert check_webhook(openshift) == []
+    assert {key(o)[0::2] for o in openshift} == {key(o)[0::2] for o in overlay}
+    for config in (o for o in openshift if o["kind"] == "MutatingWebhookConfiguration"):
+        assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+            "openshift-cnv/fhmon-webhook"
+        assert {w["clientConfig"]["service"]["namespace"] for w in config["webhooks"]} == {
+            "openshift-cnv"}
+    assert named(openshift, "Certificate", "fhmon-webhook")["spec"]["dnsNames"] == [
+        "fhmon-webhook.openshift-cnv.svc", "fhmon-webhook.openshift-cnv.svc.cluster.local"]
+    args = webhook_container(named(openshift, "Deployment", "fhmon-webhook"))["args"]
+    assert "--runtime=cri-o" in args
+    assert "kubevirt.svc" not in yaml.safe_dump_all(openshift)
+    result = run_fhmon(*args[:1], "--help")
+    assert "--runtime" in result.stdout and "cri-o" in result.stdout
+
+
+def test_inject_defaults_to_the_image_deploy_builds(overlay: list[dict[str, Any]]) -> None:
+    """`fhmon inject` without --image names a full reference, the one deploy/ builds and the
+    rendered webhook runs (registry/name:tag, not a bare name a node would pull from
+    docker.io)."""
+    image = webhook_container(named(overlay, "Deployment", "fhmon-webhook"))["image"]
+    assert containers.DEFAULT_IMAGE == image == "localhost/fhmon:latest"
+    assert "localhost/fhmon:latest" in (OVERLAYS.parent / "Containerfile").read_text()
+    pod = yaml.safe_load(inject.inject(LAUNCHER_POD))
+    assert pod["spec"]["initContainers"][-1]["image"] == image
+    result = run_fhmon("inject", "--help")
+    assert "localhost/fhmon:latest" in result.stdout

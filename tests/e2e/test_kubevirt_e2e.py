@@ -4,7 +4,7 @@ would, serving the e2e guest with handles from fhmon (issue 18).
 The pod is tests/unit/kubevirt/virt-launcher-pod.yaml (KubeVirt's rendering), injected. Then:
   1. its init container `fhmon-launcher` runs (uid 107, no capabilities, no_new_privs) with
      the launcher emptyDir mounted: `fhmon install-launcher` copies the launcher;
-  2. the device plugin's Allocate answer for `devices.kubevirt.io/fhmon` is asked for the
+  2. the device plugin's Allocate answer for `fhmon.io/virtiofs` is asked for the
      mount of fhmon's socket directory;
   3. the container `virtiofs-data` runs its injected command + args, exactly as written in
      the pod, through tests/e2e/pod_runtime.py: a new root with only the host's /usr (the
@@ -54,7 +54,7 @@ def container(pod: dict[str, Any], name: str, init: bool = False) -> dict[str, A
 
 
 def device_plugin_mount() -> Any:
-    """What the kubelet gets from the plugin's Allocate for one devices.kubevirt.io/fhmon."""
+    """What the kubelet gets from the plugin's Allocate for one fhmon.io/virtiofs."""
     plugin = deviceplugin.DevicePlugin(deviceplugin.PluginConfig(socket_dir=HOST_SOCKET_DIR,
                                                                  devices=1))
     request = api.AllocateRequest(container_requests=[
@@ -106,7 +106,7 @@ def test_injected_virt_launcher_pod_serves_the_guest_with_fhmon(e2e_env: harness
     pod = yaml.safe_load(inject.inject(LAUNCHER_POD, containers.Settings()))
     init = container(pod, containers.LAUNCHER_INIT, init=True)
     virtiofs = container(pod, "virtiofs-data")
-    assert virtiofs["resources"]["limits"]["devices.kubevirt.io/fhmon"] == "1"
+    assert virtiofs["resources"]["limits"]["fhmon.io/virtiofs"] == "1"
     mount = device_plugin_mount()
     assert (mount.container_path, mount.host_path, mount.read_only) == (
         HOST_SOCKET_DIR, HOST_SOCKET_DIR, True)

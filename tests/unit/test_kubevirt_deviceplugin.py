@@ -110,7 +110,7 @@ def test_register_list_and_watch_allocate(tmp_path: Path) -> None:
         fhmon = listening_socket(socket_dir / "fhmon.sock")
         registration = await kubelet.next_registration()
         assert registration.version == "v1beta1"
-        assert registration.resource_name == "devices.kubevirt.io/fhmon"
+        assert registration.resource_name == "fhmon.io/virtiofs"
         assert registration.endpoint == "fhmon.sock"
         assert (Path(config.plugin_dir) / registration.endpoint).is_socket()
         async with kubelet.dial(registration.endpoint) as call:
@@ -197,3 +197,57 @@ def test_wire_bytes_match_the_kubelet_proto() -> None:
     assert list(parsed.container_requests[0].devices_ids) == ["dev-0"]
     # A field fhmon does not declare (envs = 1 in ContainerAllocateResponse) is skipped.
     assert api.ContainerAllocateResponse.FromString(b"\x0a\x00").mounts == []
+
+
+# --------------------------------------------------------------------------------------------
+# SELinux: the socket directory and socket labelled for containers, as KubeVirt's own socket
+# device plugin does. Only a kernel with SELinux enabled can say whether a label took; this
+# machine's may not have it (then the real-label test skips, saying so).
+
+
+def listening_socket_at(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen()
+    return sock
+
+
+def test_no_selinux_no_labelling(tmp_path: Path) -> None:
+    (tmp_path / "fhmon.sock").write_text("")
+    assert deviceplugin.label_for_containers([str(tmp_path)], str(tmp_path / "no-selinuxfs")) == []
+    with pytest.raises(OSError):  # nothing was written
+        os.getxattr(tmp_path, "security.selinux")
+
+
+def test_labelling_problems_are_reported_not_raised(tmp_path: Path) -> None:
+    """With SELinux said to be on (a stand-in selinuxfs) the plugin sets the label or says
+    why it could not, naming the path; a missing path is a problem, never an exception."""
+    selinuxfs = tmp_path / "selinuxfs"
+    selinuxfs.mkdir()
+    (selinuxfs / "enforce").write_text("1")
+    socket_dir = tmp_path / "sockets"
+    socket_dir.mkdir()
+    with contextlib.closing(listening_socket_at(socket_dir / "fhmon.sock")):
+        plugin = deviceplugin.DevicePlugin(PluginConfig(socket_dir=str(socket_dir),
+                                                        selinuxfs=str(selinuxfs)))
+        problems = plugin.label_socket()
+        for path in (socket_dir, socket_dir / "fhmon.sock"):
+            mentioned = [p for p in problems if p.startswith(f"cannot label {path} ")]
+            if not mentioned:  # the kernel took the label
+                assert os.getxattr(path, "security.selinux", follow_symlinks=False).rstrip(
+                    b"\0") == deviceplugin.CONTAINER_FILE_LABEL
+    missing = deviceplugin.label_for_containers([str(tmp_path / "gone")], str(selinuxfs))
+    assert len(missing) == 1 and "gone" in missing[0]
+
+
+@pytest.mark.skipif(not deviceplugin.selinux_enabled(),
+                    reason="SELinux is not enabled on this kernel: labels cannot be checked")
+def test_socket_directory_labelled_for_containers_under_selinux(tmp_path: Path) -> None:
+    socket_dir = tmp_path / "sockets"
+    socket_dir.mkdir()
+    with contextlib.closing(listening_socket_at(socket_dir / "fhmon.sock")):
+        plugin = deviceplugin.DevicePlugin(PluginConfig(socket_dir=str(socket_dir)))
+        assert plugin.label_socket() == []
+        for path in (socket_dir, socket_dir / "fhmon.sock"):
+            assert os.getxattr(path, "security.selinux", follow_symlinks=False).rstrip(
+                b"\0") == deviceplugin.CONTAINER_FILE_LABEL

@@ -79,10 +79,11 @@ def test_the_injected_container() -> None:
     launch = data["command"][data["command"].index("launch"):]
     assert launch[:5] == ["launch", "--socket", "/var/run/kubevirt/fhmon/fhmon.sock",
                           "--share", "/data"]
-    assert "--inode-file-handles=prefer" in data["args"]
-    assert "--migration-mode=file-handles" in data["args"]
-    assert "--migration-mode=find-paths" not in data["args"]
-    assert data["resources"]["limits"]["devices.kubevirt.io/fhmon"] == "1"
+    # KubeVirt's migration mode kept: migrating by handle is an opt-in (fhmon.io/migration).
+    assert "--migration-mode=find-paths" in data["args"]
+    assert "--migration-mode=file-handles" not in data["args"]
+    assert kc.LAUNCHER_MIGRATION_FLAG not in data["command"]
+    assert data["resources"]["limits"]["fhmon.io/virtiofs"] == "1"
     assert data["resources"]["limits"]["memory"] == "148M"
     assert data["resources"]["requests"]["memory"] == "1M"  # a Burstable request kept
     assert data["securityContext"] == yaml.safe_load(LAUNCHER_POD)["spec"]["containers"][1][
@@ -162,13 +163,32 @@ def test_configmap_and_secret_volumes_untouched() -> None:
     assert pod_patch(pod) == []
 
 
-def test_confining_seccomp_profile_is_left_alone() -> None:
+def test_seccomp_profiles_are_replaced_or_the_pod_left_alone() -> None:
     pod = yaml.safe_load(LAUNCHER_POD)
-    pod["spec"]["securityContext"]["seccompProfile"] = {"type": "RuntimeDefault"}
-    assert pod_patch(pod) == []
-    # A container-level Unconfined overrides the pod's profile.
+    context = pod["spec"]["securityContext"]
+
+    def profile_of(settings: Settings = kc.DEFAULT_SETTINGS) -> object:
+        ops = plan_pod(pod, settings)
+        if not ops:
+            return "left alone"
+        return ops[0].value["securityContext"].get("seccompProfile")
+
+    assert profile_of() is None  # unconfined: nothing added
+    assert profile_of(Settings(seccomp_default=True)) == {
+        "type": "Localhost", "localhostProfile": "fhmon/containerd-runtime-default.json"}
+    context["seccompProfile"] = {"type": "RuntimeDefault"}
+    assert profile_of() == {"type": "Localhost",
+                            "localhostProfile": "fhmon/containerd-runtime-default.json"}
+    assert profile_of(Settings(runtime="cri-o")) == {
+        "type": "Localhost", "localhostProfile": "fhmon/cri-o-runtime-default.json"}
+    context["seccompProfile"] = {"type": "Localhost", "localhostProfile": "kubevirt/kubevirt.json"}
+    assert profile_of() == {"type": "Localhost", "localhostProfile": "fhmon/kubevirt.json"}
+    context["seccompProfile"] = {"type": "Localhost", "localhostProfile": "site/other.json"}
+    assert profile_of() == "left alone"
+    # A container-level profile decides over the pod's.
     pod["spec"]["containers"][1]["securityContext"]["seccompProfile"] = {"type": "Unconfined"}
     assert next(op.path for op in plan_pod(pod)) == ("spec", "containers", 1)
+    assert plan_pod(pod)[0].value["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
 
 
 def test_list_json_pretty_keeps_other_items_and_indent() -> None:
