@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -249,16 +250,78 @@ class TestLauncher:
                                str(world.main), "--user", "65534", "--", "sh", "-c", "exit 7"],
                               capture_output=True, timeout=30)
         assert proc.returncode == 7
-        p = subprocess.Popen([FHMON, "launch", "--socket", fhmon.socket, "--share",
-                              str(world.main), "--user", "65534", "--", "sh", "-c",
-                              "trap 'exit 42' TERM; echo ready; while :; do sleep 0.05; done"],
-                             stdout=subprocess.PIPE, text=True)
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=10) == 42
+        with launched([FHMON, "launch", "--socket", fhmon.socket, "--share", str(world.main),
+                       "--user", "65534", "--", "sh", "-c",
+                       "trap 'exit 42' TERM; echo ready; while :; do sleep 0.05; done"],
+                      stdout=subprocess.PIPE, text=True) as p:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=30) == 42
+
+    def test_a_signal_at_the_first_moment_the_command_runs_is_forwarded(
+            self, fhmon: Service, world: World) -> None:
+        """The command signals the launcher as its first act, before the launcher can have
+        noticed that it runs: the signal must reach the command, not kill the launcher.
+        (As root: uid 65534 may not signal the root launcher.)"""
+        for _ in range(5):
+            with launched([FHMON, "launch", "--socket", fhmon.socket, "--share",
+                           str(world.main), "--", "sh", "-c",
+                           "trap 'exit 42' TERM; kill -TERM $PPID; "
+                           "while :; do sleep 0.05; done"]) as p:
+                assert p.wait(timeout=30) == 42
+
+    def test_a_signal_before_the_command_runs_stops_the_launch(
+            self, world: World, tmp_path: Path) -> None:
+        """SIGTERM while fhmon has not answered: the launcher ends (128+15) at once, the
+        command never runs, its filtered child is not left waiting."""
+        marker = tmp_path / "ran"
+        with silent_server(tmp_path / "silent.sock") as server, launched(
+                [FHMON, "launch", "--socket", server.getsockname(), "--share", str(world.main),
+                 "--", "touch", str(marker)]) as p:
+            server.settimeout(30)
+            connection, _ = server.accept()  # the launcher waits for an answer now
+            with connection:
+                child = _children_of(p.pid)
+                assert len(child) == 1  # its filtered child, waiting
+                p.send_signal(signal.SIGTERM)
+                assert p.wait(timeout=30) == 128 + signal.SIGTERM
+            assert not marker.exists()
+            assert not Path(f"/proc/{child[0]}").exists()
 
     def test_target_does_not_inherit_the_listener(self, spawn: Any) -> None:
         agent: Agent = spawn()
         links = [os.readlink(f"/proc/{agent.pid}/fd/{n}")
                  for n in os.listdir(f"/proc/{agent.pid}/fd")]
         assert "anon_inode:seccomp notify" not in links
+
+
+@contextlib.contextmanager
+def launched(argv: list[str], **kw: Any) -> Iterator[subprocess.Popen[Any]]:
+    """Popen in a session of its own; whatever happens, nothing of it outlives the test
+    (the launcher, its filtered child, the command and the command's children)."""
+    p = subprocess.Popen(argv, start_new_session=True, **kw)
+    try:
+        yield p
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        if p.stdout is not None:
+            p.stdout.close()
+
+
+@contextlib.contextmanager
+def silent_server(path: Path) -> Iterator[socket.socket]:
+    """A root-owned listening socket that never answers (clients connect to its backlog)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen(16)
+        yield server
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return []
+    return [int(c) for c in text.split()]
