@@ -37,16 +37,24 @@ class Settings:
 DEFAULT_SETTINGS = Settings()  # frozen: one shared default
 
 
-def launcher_command(settings: Settings, share: str) -> list[str]:
-    """The prefix put before virtiofsd: the copied loader runs the copied CPython.
+def launcher_command(settings: Settings, share: str, *,
+                     migration_by_handle: bool = False) -> list[str]:
+    """The prefix put before KubeVirt's own virtiofsd command and args (kept unchanged).
 
+    The launcher fails open (fhmon unreachable, refusing, or its start-up probe failing:
+    KubeVirt's command line runs exactly as rendered) and adds virtiofsd's handle flags
+    only once fhmon serves. migration_by_handle: also turn KubeVirt's --migration-mode into
+    file-handles then; only for pods whose migration targets are guaranteed to run under
+    fhmon with the same keys (a plain target could not open the handles).
     No environment is added: `-I` makes CPython find its prefix from its own path, and the
     loader's --library-path does not reach the exec'ed virtiofsd (see bundle.py).
     """
+    migration = ["--virtiofsd-migration=file-handles"] if migration_by_handle else []
     return [
         f"{LAUNCHER_DIR}/ld.so", "--library-path", f"{LAUNCHER_DIR}/lib",
         f"{LAUNCHER_DIR}/bin/python3", "-I", "-m", "monitor.kubevirt.bundled",
-        "launch", "--socket", settings.socket, "--share", share, "--",
+        "launch", "--socket", settings.socket, "--share", share, "--fail-open",
+        f"--virtiofsd-handles={settings.inode_file_handles}", *migration, "--",
     ]
 
 
@@ -84,30 +92,9 @@ def inject_container(container: dict[str, Any], volume: str,
 
 
 def virtiofsd_args(args: Sequence[Any], settings: Settings = Settings()) -> list[Any]:
-    """virtiofsd's arguments with file handles on and, if it migrates, by handle."""
-    out: list[Any] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg == "--inode-file-handles":
-            skip = True
-            continue
-        if isinstance(arg, str) and arg.startswith("--inode-file-handles="):
-            continue
-        if arg == "--migration-mode":
-            out.append("--migration-mode=file-handles")
-            skip = True
-            continue
-        if isinstance(arg, str) and arg.startswith("--migration-mode="):
-            # Only where KubeVirt already asks for a mode: an older virtiofsd without
-            # migration support would refuse an unknown flag.
-            out.append("--migration-mode=file-handles")
-            continue
-        out.append(arg)
-    out.append(f"--inode-file-handles={settings.inode_file_handles}")
-    return out
+    """virtiofsd's arguments, unchanged: the launcher adds the handle flags itself, and only
+    once fhmon serves, so that without fhmon KubeVirt's command line runs byte for byte."""
+    return list(args)
 
 
 def launcher_volume() -> dict[str, Any]:

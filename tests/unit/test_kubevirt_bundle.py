@@ -148,7 +148,12 @@ def test_registers_again_through_the_read_only_socket_directory(bundle: Path) ->
                         "readonly": True},
                        {"source": str(share), "target": "/data", "readonly": False}],
             "files": {}, "uid": 107, "gid": 107, "groups": [107],
-            "argv": [*containers.launcher_command(settings, "/data"), "/usr/bin/sleep", "60"],
+            # Without --fail-open: this fake fhmon accepts but cannot answer the start-up
+            # probe, after which a failing-open launcher would (rightly) run sleep unserved;
+            # and sleep takes no virtiofsd flags.
+            "argv": [*(arg for arg in containers.launcher_command(settings, "/data")
+                       if arg != "--fail-open" and not arg.startswith("--virtiofsd-")),
+                     "/usr/bin/sleep", "60"],
             "env": {"PATH": "/usr/bin:/bin"}}
     (base / "spec.json").write_text(js.dumps(spec))
     runtime = Path(__file__).parents[1] / "e2e" / "pod_runtime.py"
