@@ -98,14 +98,20 @@ class FallBack:
 
 
 def served_argv(argv: list[str], options: Options) -> list[str]:
-    """CMD as it runs when fhmon serves it: virtiofsd's handle flags per `options`."""
+    """CMD as it runs when fhmon serves it: virtiofsd's handle flags per `options`.
+
+    --inode-file-handles goes last (before a "--", if any), not right after argv[0]: CMD
+    may be virtiofsd behind a loader or wrapper (`ld.so --library-path DIR virtiofsd ...`)
+    whose own options come first.
+    """
     if options.virtiofsd_handles is None and not options.migration_by_handle:
         return list(argv)
     out = argv[:1]
+    rest: list[str] = []
     args = iter(argv[1:])
     for arg in args:
         if arg == "--":
-            out += [arg, *args]
+            rest = [arg, *args]
             break
         if options.virtiofsd_handles is not None and (
                 arg == "--inode-file-handles" or arg.startswith("--inode-file-handles=")):
@@ -122,8 +128,8 @@ def served_argv(argv: list[str], options: Options) -> list[str]:
             continue
         out.append(arg)
     if options.virtiofsd_handles is not None:
-        out.insert(1, f"--inode-file-handles={options.virtiofsd_handles}")
-    return out
+        out.append(f"--inode-file-handles={options.virtiofsd_handles}")
+    return out + rest
 
 
 def launch(socket_path: str, share: str, user: UserSpec | None, argv: list[str],

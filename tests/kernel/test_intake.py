@@ -478,9 +478,10 @@ class TestFailOpen:
             options.append("--virtiofsd-migration=file-handles")
         ran = self.run(fhmon.socket, world.main, printer, *options)
         mode = "--migration-mode=file-handles" if migration else "--migration-mode=find-paths"
-        expected = [printer, "--inode-file-handles=prefer",
+        expected = [printer,
                     *[mode if a.startswith("--migration-mode=") else a
-                      for a in ORIGINAL_ARGS if a != "--inode-file-handles=never"]]
+                      for a in ORIGINAL_ARGS if a != "--inode-file-handles=never"],
+                    "--inode-file-handles=prefer"]
         assert ran.printed["argv"] == expected
         assert ran.printed["pid"] != ran.launcher_pid  # the launcher stays its parent
         assert int(ran.printed["filters"]) == int(self.baseline(printer)["filters"]) + 1
