@@ -20,7 +20,9 @@ destination the guest reads on through its open fds and looks up names it never 
   line (`--migration-mode=find-paths`, no handle flags) under the injected launcher (fail
   open, `--virtiofsd-handles=prefer`), so it serves by handle; the destination is a plain
   unprivileged virtiofsd without fhmon (a node or pod fhmon did not reach). The guest's
-  files, symlinks included, stay readable.
+  files, symlinks included, stay readable. Its negative control: the same with the opt-in
+  `--virtiofsd-migration=file-handles` (what the injection did before issue 23): the plain
+  destination cannot open the handles and the guest loses its files.
 """
 
 from __future__ import annotations
@@ -177,4 +179,29 @@ def test_migration_from_fhmon_to_a_plain_virtiofsd_keeps_the_guests_files(
         assert side.virtiofsd_capeff == "0000000000000000", res.summary()
         assert (side.qemu_rc, side.virtiofsd_rc, side.fhmon_rc) == (0, 0, 0), res.summary()
         assert side.fhmon_problems == [], res.summary()
+    assert res.leftovers == [], res.summary()
+
+
+def test_handle_migration_to_a_plain_virtiofsd_loses_the_guests_files(
+        e2e_env: harness.Env) -> None:
+    """Negative control of the test above, and why file-handles is opt-in only: the plain
+    destination cannot open the source's handles (EPERM without CAP_DAC_READ_SEARCH), and
+    under KubeVirt's --migration-on-error=guest-error the migration completes with every
+    handle-migrated inode turned into an error for the guest."""
+    with harness.run_dir(harness.NOBODY) as rd:
+        res = migration.run_migration(
+            e2e_env, rd, migration_args=KUBEVIRT_MIGRATION, mode=None,
+            launch_options=[*INJECTED_LAUNCH, "--virtiofsd-migration=file-handles"],
+            destination_plain=True, symlinks=True)
+    _report(res)
+    assert res.problems == [], res.summary()
+    assert res.status == "completed", res.summary()
+    assert "--migration-mode=file-handles" in res.source.virtiofsd_cmdline.split(), \
+        res.summary()
+    assert "Opening file handle: Operation not permitted" in res.destination.virtiofsd_log, \
+        res.summary()
+    assert res.guest is not None and not res.guest.workload_passed, res.summary()
+    # The files the guest held open and its working directory are gone for it.
+    assert {"held_fd_read", "journal_fd_append", "cwd_list"} <= res.guest.failed_steps(), \
+        res.summary()
     assert res.leftovers == [], res.summary()
