@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -477,6 +478,22 @@ class TestFailOpen:
         if migration:
             options.append("--virtiofsd-migration=file-handles")
         ran = self.run(fhmon.socket, world.main, printer, *options)
+        self.assert_served(ran, printer, migration)
+
+    def test_served_as_an_unprivileged_user(self, fhmon: Service, world: World,
+                                            tmp_path: Path) -> None:
+        """As in KubeVirt (uid 107 there): the probe's open_by_handle_at, which the kernel
+        refuses without CAP_DAC_READ_SEARCH, succeeds through fhmon."""
+        tools = Path(tempfile.mkdtemp(dir=world.base))
+        tools.chmod(0o755)
+        printer = tools / "virtiofsd"
+        printer.write_text(ARGV_PRINTER)
+        printer.chmod(0o755)
+        ran = self.run(fhmon.socket, world.main, str(printer), "--user", "65534",
+                       "--virtiofsd-handles=prefer")
+        self.assert_served(ran, str(printer), migration=False)
+
+    def assert_served(self, ran: Ran, printer: str, migration: bool) -> None:
         mode = "--migration-mode=file-handles" if migration else "--migration-mode=find-paths"
         expected = [printer,
                     *[mode if a.startswith("--migration-mode=") else a
