@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "match one of fhmon's --allow globs")
     launch.add_argument("--user", metavar="USER[:GROUP]",
                         help="user and group (names or ids) to run CMD as")
+    node.add_launch_options(launch)
     launch.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                         help="the command to run, usually virtiofsd with its full path")
     launch.set_defaults(func=node.launch)

@@ -30,14 +30,18 @@ class IntakeSocket:
     path: str
     activated: bool  # systemd's socket: it stays for the next start
     created_dir: str | None  # the directory fhmon made for it, removed again when empty
+    inode: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket fhmon bound
 
     def close(self) -> None:
-        """Close it; remove what fhmon made (never systemd's socket)."""
+        """Close it; remove what fhmon made (never systemd's socket, nor a successor's: in a
+        rolling upgrade the new fhmon may already have replaced the path with its own)."""
         self.sock.close()
         if self.activated:
             return
         with contextlib.suppress(OSError):
-            os.unlink(self.path)
+            found = os.lstat(self.path)
+            if (found.st_dev, found.st_ino) == self.inode:
+                os.unlink(self.path)
         if self.created_dir is not None:
             with contextlib.suppress(OSError):  # only if empty
                 os.rmdir(self.created_dir)
@@ -75,8 +79,10 @@ def open_intake_socket(config: Config) -> IntakeSocket:
     os.chown(path, config.socket_owner if config.socket_owner is not None else -1,
              config.socket_group if config.socket_group is not None else -1)
     os.chmod(path, config.socket_mode)
+    bound = os.lstat(path)
     sock.listen(BACKLOG)
-    return IntakeSocket(sock, path, activated=False, created_dir=created_dir)
+    return IntakeSocket(sock, path, activated=False, created_dir=created_dir,
+                        inode=(bound.st_dev, bound.st_ino))
 
 
 def _activated_socket() -> trio.socket.SocketType | None:

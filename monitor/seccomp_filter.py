@@ -14,6 +14,8 @@ import errno
 import os
 import signal
 import socket
+import struct
+from collections.abc import Iterable
 
 import pyseccomp
 
@@ -81,18 +83,32 @@ ALREADY_LISTENED = (
     "one (EBUSY): run fhmon launch outside it, or register the process through that agent")
 
 
-_LISTENER, _ERROR, _GO, _EXEC_FAILED = b"L", b"E", b"G", b"X"
+# The channel between fork_under_filter's parent and child. Child to parent: L (with the
+# listener), E text (setup failed), X errno NUL command (exec failed), R text (a probe's
+# outcome, empty for success). Parent to child: frames of kind, u32 length, payload:
+# G (exec the fork's argv), A (exec this argv, NUL-separated), P (probe this share).
+_LISTENER, _ERROR, _EXEC_FAILED, _PROBED = b"L", b"E", b"X", b"R"
+_GO, _GO_WITH, _PROBE = b"G", b"A", b"P"
+_FRAME = struct.Struct("=cI")
+# Dispositions a command must get back: the forwarded ones, and those CPython ignores.
+RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ)
 
 
 def fork_under_filter(user: tuple[int, int] | None = None, argv: list[str] | None = None,
-                      timeout: float | None = 30.0) -> tuple[int, int, socket.socket]:
+                      timeout: float | None = 30.0,
+                      signal_mask: Iterable[int] | None = None,
+                      ) -> tuple[int, int, socket.socket]:
     """Fork a child that drops to `user` (uid, gid), installs the handle filter and hands
     its listener back; returns (pid, listener, channel). The child keeps no copy of the
     listener (a target holding its own could answer its own calls). It then waits on the
-    channel: `go(channel)` makes it exec argv (when given); closing the channel ends it.
+    channel: `go(channel)` makes it exec argv (when given), `probe(channel, share)` makes it
+    try the two trapped calls; closing the channel ends it.
     The child keeps its end open (close-on-exec) through execvp, so that a failed exec can
     still be reported: see `exec_outcome`.
+    signal_mask: the mask the child sets just before exec (a caller that blocked signals
+    around the fork, so that none arrives before it can forward them, passes the old one).
     """
+    restore_mask = None if signal_mask is None else set(signal_mask)
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:  # never returns
@@ -106,10 +122,21 @@ def fork_under_filter(user: tuple[int, int] | None = None, argv: list[str] | Non
             listener = install(program)
             fdpass.send_fd(child_end, _LISTENER, listener)
             os.close(listener)
-            if child_end.recv(1) != _GO or argv is None:
+            while True:
+                kind, payload = _recv_frame(child_end)
+                if kind == _PROBE:
+                    outcome = probe_handles(payload.decode(errors="surrogateescape"))
+                    child_end.sendall(_PROBED + outcome.encode(errors="replace") + b"\0")
+                    continue
+                break
+            if kind == _GO_WITH:
+                argv = [arg.decode(errors="surrogateescape") for arg in payload.split(b"\0")]
+            if kind not in (_GO, _GO_WITH) or not argv:
                 os._exit(126 if argv else 0)  # the parent gave up, or nothing to run
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+            for sig in RESET_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
+            if restore_mask is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, restore_mask)
             try:
                 os.execvp(argv[0], argv)  # child_end is close-on-exec: EOF means it ran
             except OSError as exc:
@@ -142,9 +169,92 @@ def fork_under_filter(user: tuple[int, int] | None = None, argv: list[str] | Non
     return pid, fds[0], parent_end
 
 
-def go(channel: socket.socket) -> None:
-    """Let a fork_under_filter child exec its command."""
-    channel.sendall(_GO)
+def _recv_frame(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One parent-to-child frame; (b"", b"") when the parent closed its end."""
+    head = _recv_exactly(sock, _FRAME.size)
+    if len(head) < _FRAME.size:
+        return b"", b""
+    kind, length = _FRAME.unpack(head)
+    payload = _recv_exactly(sock, length)
+    return (kind, payload) if len(payload) == length else (b"", b"")
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def go(channel: socket.socket, argv: list[str] | None = None) -> None:
+    """Let a fork_under_filter child exec its command, or `argv` instead when given."""
+    if argv is None:
+        channel.sendall(_FRAME.pack(_GO, 0))
+        return
+    payload = b"\0".join(arg.encode(errors="surrogateescape") for arg in argv)
+    channel.sendall(_FRAME.pack(_GO_WITH, len(payload)) + payload)
+
+
+def ask_probe(channel: socket.socket, share: str) -> None:
+    """Make a fork_under_filter child try the two handle calls on `share` (see
+    probe_handles); its answer comes back as `probe_outcome` of what it writes."""
+    payload = share.encode(errors="surrogateescape")
+    channel.sendall(_FRAME.pack(_PROBE, len(payload)) + payload)
+
+
+def probe_outcome(data: bytes) -> str | None:
+    """The probe's answer once complete: "" when both calls succeeded, else why not;
+    None while it is incomplete."""
+    if not data.endswith(b"\0"):
+        return None
+    if not data.startswith(_PROBED):
+        return "the child did not answer the probe"
+    return data[1:-1].decode(errors="replace")
+
+
+class _FileHandle(ctypes.Structure):
+    _fields_ = (("handle_bytes", ctypes.c_uint), ("handle_type", ctypes.c_int),
+                ("f_handle", ctypes.c_ubyte * kernel.MAX_HANDLE_SZ))
+
+
+def probe_handles(share: str) -> str:
+    """What virtiofsd does at start-up, done here under the filter before exec: a handle of
+    the shared directory's root (name_to_handle_at, AT_EMPTY_PATH on an O_PATH fd), then
+    open_by_handle_at of it. "" when both succeed (so both reached whoever holds the
+    listener: the kernel alone would refuse open_by_handle_at without CAP_DAC_READ_SEARCH),
+    else the call and its errno. A runtime's seccomp profile that answers ERRNO outranks
+    the filter's USER_NOTIF, and shows here as that errno."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        root = os.open(share, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"cannot open the share {share}: {exc.strerror}"
+    try:
+        mount = os.open(share, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        os.close(root)
+        return f"cannot open the share {share}: {exc.strerror}"
+    try:
+        handle = _FileHandle(handle_bytes=kernel.MAX_HANDLE_SZ)
+        mount_id = ctypes.c_int()
+        if libc.name_to_handle_at(root, b"", ctypes.byref(handle), ctypes.byref(mount_id),
+                                  kernel.AT_EMPTY_PATH) != 0:
+            return _failed("name_to_handle_at", ctypes.get_errno())
+        fd = libc.open_by_handle_at(mount, ctypes.byref(handle), os.O_PATH | os.O_CLOEXEC)
+        if fd < 0:
+            return _failed("open_by_handle_at", ctypes.get_errno())
+        os.close(fd)
+        return ""
+    finally:
+        os.close(root)
+        os.close(mount)
+
+
+def _failed(call: str, err: int) -> str:
+    return f"{call} of the share's root: {errno.errorcode.get(err, err)} ({os.strerror(err)})"
 
 
 def exec_exit_status(code: int) -> int:

@@ -6,6 +6,24 @@ import argparse
 import sys
 
 
+def add_launch_options(launch: argparse.ArgumentParser) -> None:
+    """The options `fhmon launch` and the bundled KubeVirt launcher share."""
+    launch.add_argument("--fail-open", action="store_true",
+                        help="when fhmon cannot serve CMD (unreachable, silent, refusing, no "
+                        "filter, or the start-up handle probe fails), run CMD exactly as "
+                        "given instead of exiting 125 (what KubeVirt pods use)")
+    launch.add_argument("--virtiofsd-handles", choices=["prefer", "mandatory"],
+                        help="once fhmon serves, give virtiofsd --inode-file-handles=MODE "
+                        "(replacing its own); CMD unchanged otherwise")
+    launch.add_argument("--virtiofsd-migration", choices=["file-handles"],
+                        help="once fhmon serves, turn virtiofsd's --migration-mode (where "
+                        "given) into file-handles: only when every migration target runs "
+                        "under fhmon with the same keys")
+    launch.add_argument("--registration-timeout", type=float, metavar="SECONDS",
+                        help="how long fhmon may take to answer (and the probe to pass); "
+                        "default 30, or 5 with --fail-open")
+
+
 def launch(args: argparse.Namespace) -> int:
     from monitor import launcher
 
@@ -14,7 +32,17 @@ def launch(args: argparse.Namespace) -> int:
         argv = argv[1:]
     try:
         user = launcher.parse_user(args.user) if args.user else None
-        return launcher.launch(args.socket, args.share, user, argv)
+        timeout = args.registration_timeout
+        if timeout is None:
+            timeout = launcher.FAIL_OPEN_TIMEOUT if args.fail_open else \
+                launcher.REGISTRATION_TIMEOUT
+        if not timeout > 0:
+            raise launcher.LaunchError("--registration-timeout must be positive")
+        options = launcher.Options(
+            fail_open=args.fail_open, virtiofsd_handles=args.virtiofsd_handles,
+            migration_by_handle=args.virtiofsd_migration == "file-handles",
+            registration_timeout=timeout)
+        return launcher.launch(args.socket, args.share, user, argv, options)
     except launcher.LaunchError as exc:
         print(f"fhmon launch: {exc}", file=sys.stderr)
         return 125

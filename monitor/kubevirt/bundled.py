@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     launch.add_argument("--socket", required=True)
     launch.add_argument("--share", required=True)
     launch.add_argument("--user", help="UID[:GID] to run CMD as")
+    node.add_launch_options(launch)
     launch.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     os.register_at_fork(after_in_parent=_not_dumpable)

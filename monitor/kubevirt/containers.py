@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
@@ -58,16 +57,26 @@ class Settings:
 DEFAULT_SETTINGS = Settings()  # frozen: one shared default
 
 
-def launcher_command(settings: Settings, share: str) -> list[str]:
-    """The prefix put before virtiofsd: the copied loader runs the copied CPython.
+def launcher_command(settings: Settings, share: str, *,
+                     migration_by_handle: bool = False) -> list[str]:
+    """The prefix put before KubeVirt's own virtiofsd command and args (kept unchanged).
 
+    The launcher fails open (fhmon unreachable, refusing, or its start-up probe failing:
+    KubeVirt's command line runs exactly as rendered) and adds virtiofsd's handle flags
+    only once fhmon serves. migration_by_handle: also turn KubeVirt's --migration-mode into
+    file-handles then; only for pods whose migration targets are guaranteed to run under
+    fhmon with the same keys (a plain target could not open the handles). Such a launcher
+    does not fail open: a migration target that ran without fhmon could not open the
+    source's handles, so it must fail (the migration fails, the VM stays on its source).
     No environment is added: `-I` makes CPython find its prefix from its own path, and the
     loader's --library-path does not reach the exec'ed virtiofsd (see bundle.py).
     """
+    failing = [LAUNCHER_MIGRATION_FLAG] if migration_by_handle else ["--fail-open"]
     return [
         f"{LAUNCHER_DIR}/ld.so", "--library-path", f"{LAUNCHER_DIR}/lib",
         f"{LAUNCHER_DIR}/bin/python3", "-I", "-m", "monitor.kubevirt.bundled",
-        "launch", "--socket", settings.socket, "--share", share, "--",
+        "launch", "--socket", settings.socket, "--share", share, *failing,
+        f"--virtiofsd-handles={settings.inode_file_handles}", "--",
     ]
 
 
@@ -88,13 +97,9 @@ def inject_container(container: dict[str, Any], volume: str,
     """
     new = copy.deepcopy(container)
     share = f"/{volume}"
-    prefix = launcher_command(settings, share)
-    if migrate_by_handle:
-        at = prefix.index("--") if "--" in prefix else len(prefix)
-        prefix = [*prefix[:at], LAUNCHER_MIGRATION_FLAG, *prefix[at:]]
-    new["command"] = prefix + list(container["command"])
-    original = as_list(container.get("args"))
-    new["args"] = _kubevirts_migration_mode(original, virtiofsd_args(original, settings))
+    # KubeVirt's args stay as rendered (the launcher adds the handle flags once fhmon serves)
+    new["command"] = (launcher_command(settings, share, migration_by_handle=migrate_by_handle)
+                      + list(container["command"]))
     if seccomp_profile is not None:
         found_context = new.get("securityContext")
         context = dict(found_context) if isinstance(found_context, dict) else {}
@@ -119,53 +124,6 @@ def inject_container(container: dict[str, Any], volume: str,
         resources["requests"] = requests
     new["resources"] = resources
     return new
-
-
-def virtiofsd_args(args: Sequence[Any], settings: Settings = Settings()) -> list[Any]:
-    """virtiofsd's arguments with file handles on and, if it migrates, by handle."""
-    out: list[Any] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg == "--inode-file-handles":
-            skip = True
-            continue
-        if isinstance(arg, str) and arg.startswith("--inode-file-handles="):
-            continue
-        if arg == "--migration-mode":
-            out.append("--migration-mode=file-handles")
-            skip = True
-            continue
-        if isinstance(arg, str) and arg.startswith("--migration-mode="):
-            # Only where KubeVirt already asks for a mode: an older virtiofsd without
-            # migration support would refuse an unknown flag.
-            out.append("--migration-mode=file-handles")
-            continue
-        out.append(arg)
-    out.append(f"--inode-file-handles={settings.inode_file_handles}")
-    return out
-
-
-def _kubevirts_migration_mode(original: Sequence[Any], args: list[Any]) -> list[Any]:
-    """`args` with virtiofsd's migration mode as KubeVirt set it: migrating by handle is the
-    launcher's opt-in (LAUNCHER_MIGRATION_FLAG), never the default. (A no-op where
-    virtiofsd_args leaves the mode alone.)"""
-    modes: list[str] = []
-    for index, arg in enumerate(original):
-        if arg == "--migration-mode" and index + 1 < len(original):
-            modes.append(f"--migration-mode={original[index + 1]}")
-        elif isinstance(arg, str) and arg.startswith("--migration-mode="):
-            modes.append(arg)
-    out: list[Any] = []
-    for arg in args:
-        if isinstance(arg, str) and arg.startswith("--migration-mode=") and arg not in modes:
-            if modes:
-                out.append(modes.pop(0))
-            continue
-        out.append(arg)
-    return out
 
 
 def launcher_volume() -> dict[str, Any]:

@@ -40,6 +40,8 @@ JOURNAL_TEXT = "before-migration\nafter-migration\n"
 GUEST_STEPS = ("drop_caches", "held_fd_read", "journal_fd_append", "cwd_list",
                "cwd_read_new_name", "lookup_after_migration", "held_path_read",
                "create_after_migration", "close_fds")
+#: The same with the share's symlinks (populate_share(symlinks=True)).
+GUEST_STEPS_WITH_SYMLINKS = ("symlinks_migrated", *GUEST_STEPS, "symlinks_looked_up")
 FINAL_STATES = {"completed", "failed", "cancelled"}
 
 
@@ -51,6 +53,7 @@ class Side:
     virtiofsd_started: bool = False
     virtiofsd_uid: str = ""           # "real effective saved fs", from /proc/PID/status
     virtiofsd_capeff: str = ""
+    virtiofsd_cmdline: str = ""       # as it runs (what the launcher exec'ed)
     virtiofsd_rc: int | None = None
     virtiofsd_log: str = ""
     qemu_rc: int | None = None
@@ -108,7 +111,7 @@ class MigrationResult:
             parts += [
                 f"--- {side.name}: virtiofsd started={side.virtiofsd_started} "
                 f"rc={side.virtiofsd_rc} uid=[{side.virtiofsd_uid}] qemu_rc={side.qemu_rc} "
-                f"fhmon_rc={side.fhmon_rc}",
+                f"fhmon_rc={side.fhmon_rc}", f"virtiofsd cmdline={side.virtiofsd_cmdline}",
                 f"fhmon counters before={side.counters_before} after={side.counters_after}",
                 f"fhmon problems={side.fhmon_problems}",
                 "virtiofsd log (tail):\n" + side.virtiofsd_log[-2000:],
@@ -120,8 +123,10 @@ class MigrationResult:
         return "\n".join(parts)
 
 
-def populate_share(share: Path) -> None:
-    """What the guest finds on the share at boot; owned by virtiofsd's uid like the share."""
+def populate_share(share: Path, symlinks: bool = False) -> None:
+    """What the guest finds on the share at boot; owned by virtiofsd's uid like the share.
+    symlinks: also held/link -> data.txt and held/cwd-link -> ../cwd (no file handle of
+    their own is needed for find-paths to carry them)."""
     held = share / "held"
     cwd = share / "cwd"
     held.mkdir()
@@ -129,13 +134,16 @@ def populate_share(share: Path) -> None:
     lines = [f"fhmon-e2e held {HELD_LINES}"] + [f"held line {i}" for i in range(2, HELD_LINES + 1)]
     (held / "data.txt").write_text("\n".join(lines) + "\n")
     (cwd / "sibling.txt").write_text(SIBLING_TEXT + "\n")
+    if symlinks:
+        (held / "link").symlink_to("data.txt")
+        (held / "cwd-link").symlink_to("../cwd")
     chown_tree(share, harness.NOBODY)
 
 
 def chown_tree(root: Path, uid: int) -> None:
     for dirpath, dirs, files in os.walk(root):
         for name in [dirpath, *(os.path.join(dirpath, n) for n in dirs + files)]:
-            os.chown(name, uid, uid)
+            os.chown(name, uid, uid, follow_symlinks=False)
 
 
 def _counters(svc: harness.FhmonService) -> dict[str, dict[str, int]]:
@@ -211,10 +219,13 @@ class _Run:
     """The host's side of one migration; see run_migration."""
 
     def __init__(self, env: harness.Env, rd: harness.RunDir, res: MigrationResult,
-                 migration_args: Sequence[str], mode: str) -> None:
+                 migration_args: Sequence[str], mode: str | None,
+                 launch_options: Sequence[str], destination_plain: bool) -> None:
         self.env, self.rd, self.res = env, rd, res
         self.migration_args = list(migration_args)
         self.mode = mode
+        self.launch_options = list(launch_options)
+        self.destination_plain = destination_plain
         self.procs = _Processes()
         self.virtiofsd: dict[str, subprocess.Popen[bytes]] = {}
         self.initrd = rd.base / "initrd.img"
@@ -228,12 +239,22 @@ class _Run:
     def virtiofsd_socket(self, side: Side) -> Path:
         return self.rd.sock_dir / f"virtiofsd-{side.name}.sock"
 
-    def start_virtiofsd(self, side: Side, svc: harness.FhmonService) -> None:
-        """virtiofsd as uid 65534 under `fhmon launch`, registered with this node's fhmon."""
+    def start_virtiofsd(self, side: Side, svc: harness.FhmonService | None) -> None:
+        """virtiofsd as uid 65534 under `fhmon launch` (with launch_options), registered with
+        this node's fhmon; with svc None, a plain unprivileged virtiofsd as KubeVirt runs it
+        without fhmon (no capabilities, no filter, no handle flags)."""
         sock = self.virtiofsd_socket(side)
-        argv = [*svc.wrapper(self.rd.share, harness.NOBODY), *self.env.virtiofsd_argv(),
+        if svc is None:
+            prefix = ["setpriv", f"--reuid={harness.NOBODY}", f"--regid={harness.NOBODY}",
+                      "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
+            handles = []
+        else:
+            wrapper = svc.wrapper(self.rd.share, harness.NOBODY)
+            prefix = [*wrapper[:-1], *self.launch_options, wrapper[-1]]
+            handles = [] if self.mode is None else [f"--inode-file-handles={self.mode}"]
+        argv = [*prefix, *self.env.virtiofsd_argv(),
                 f"--socket-path={sock}", f"--shared-dir={self.rd.share}", "--sandbox=none",
-                f"--inode-file-handles={self.mode}", *self.migration_args]
+                *handles, *self.migration_args]
         log = self.rd.base / f"virtiofsd-{side.name}.log"
         proc = self.virtiofsd[side.name] = self.procs.start(argv, log)
         side.virtiofsd_started = harness.wait_ready(proc, log, sock, timeout=20)
@@ -241,6 +262,7 @@ class _Run:
             raise RuntimeError(f"virtiofsd ({side.name}) did not start")
         for pid in harness.pids_mentioning(f"--socket-path={sock}"):
             if harness.process_cmdline(pid).startswith(self.env.ld_so + " "):
+                side.virtiofsd_cmdline = harness.process_cmdline(pid)
                 st = harness.process_status(pid)
                 side.virtiofsd_uid = " ".join(st.get("Uid", "").split())
                 side.virtiofsd_capeff = st.get("CapEff", "").strip()
@@ -267,7 +289,7 @@ class _Run:
             boot_timeout: float, migrate_timeout: float, guest_timeout: float) -> None:
         res, src, dst = self.res, self.res.source, self.res.destination
         self.start_virtiofsd(src, svc_a)
-        self.start_virtiofsd(dst, svc_b)
+        self.start_virtiofsd(dst, None if self.destination_plain else svc_b)
         self.mark("nodes_ready_s")   # both fhmon and both virtiofsd
         # The destination waits for the migration stream.  The guest's second serial port
         # (ttyS1) is where it waits for the wake-up line: nothing on the source, a socket the
@@ -328,21 +350,27 @@ class _Run:
 
 
 def run_migration(env: harness.Env, rd: harness.RunDir, *, migration_args: Sequence[str],
-                  mode: str = "mandatory", shared_key: bool = True, boot_timeout: float = 180,
+                  mode: str | None = "mandatory", shared_key: bool = True,
+                  launch_options: Sequence[str] = (), destination_plain: bool = False,
+                  symlinks: bool = False, boot_timeout: float = 180,
                   migrate_timeout: float = 120, guest_timeout: float = 180) -> MigrationResult:
     """Boots the guest on the source, migrates it to the destination once it holds its files,
     lets it run its checks there, and collects what both nodes saw.
 
     migration_args go to both virtiofsd (the source's --migration-mode decides how inodes are
     sent; the destination ignores it).  shared_key=False gives the destination's fhmon a key of
-    its own, as a node outside the source's trust domain would have.  Never raises for a
+    its own, as a node outside the source's trust domain would have.  mode None gives
+    virtiofsd no --inode-file-handles (as KubeVirt renders it; launch_options such as
+    --virtiofsd-handles=prefer then decide).  destination_plain: the destination's virtiofsd
+    runs without fhmon, as on a node or pod fhmon did not reach.  symlinks: the share has
+    symlinks the guest uses across the migration.  Never raises for a
     failing scenario: what went wrong is in result.problems.  Every process it started is gone
     when it returns.
     """
     res = MigrationResult(accel=harness.accelerator(env), migration_args=list(migration_args),
                           qemu_version=env.raw.get("migration_qemu_version", ""))
-    populate_share(rd.share)
-    run = _Run(env, rd, res, migration_args, mode)
+    populate_share(rd.share, symlinks)
+    run = _Run(env, rd, res, migration_args, mode, launch_options, destination_plain)
     harness.build_initrd(env, run.initrd, (harness.GUEST / "init").read_bytes(),
                          {"workload.sh": GUEST_SCRIPT.read_bytes()})
     with contextlib.ExitStack() as stack:
@@ -363,7 +391,7 @@ def run_migration(env: harness.Env, rd: harness.RunDir, *, migration_args: Seque
         side.virtiofsd_log = _read(rd.base / f"virtiofsd-{side.name}.log")
         side.qemu_log = _read(rd.base / f"qemu-{side.name}.log")
         side.console = _read(run.console_log(side))
-    res.guest = harness.RunResult(accel=res.accel, mode=mode, virtiofsd_argv=[])
+    res.guest = harness.RunResult(accel=res.accel, mode=mode or "", virtiofsd_argv=[])
     harness.parse_console(res.destination.console, res.guest)
     m = re.search(r"FHMON-E2E-BOOT uptime=([\d.]+)", res.source.console)
     if m:

@@ -16,6 +16,13 @@ destination the guest reads on through its open fds and looks up names it never 
   must be byte-identical, or the migration aborts.
 * Negative control: file-handles again, but fhmon B has a key of its own: it must refuse the
   source's handles, and the migration must fail with the guest still running on the source.
+* The default of an injected pod (issue 23): the source runs KubeVirt's own virtiofsd command
+  line (`--migration-mode=find-paths`, no handle flags) under the injected launcher (fail
+  open, `--virtiofsd-handles=prefer`), so it serves by handle; the destination is a plain
+  unprivileged virtiofsd without fhmon (a node or pod fhmon did not reach). The guest's
+  files, symlinks included, stay readable. Its negative control: the same with the opt-in
+  `--virtiofsd-migration=file-handles` (what the injection did before issue 23): the plain
+  destination cannot open the handles and the guest loses its files.
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ from . import harness, migration
 pytestmark = pytest.mark.e2e
 
 FILE_HANDLES = ["--migration-mode=file-handles", "--migration-on-error=abort"]
+#: What KubeVirt renders for virtiofsd's migration (pkg/virt-controller/services/virtiofs.go).
+KUBEVIRT_MIGRATION = ["--migration-mode=find-paths", "--migration-on-error=guest-error"]
+#: What the injected launcher gets (monitor/kubevirt/containers.py launcher_command).
+INJECTED_LAUNCH = ["--fail-open", "--virtiofsd-handles=prefer"]
 FIND_PATHS_VERIFIED = ["--migration-mode=find-paths", "--migration-verify-handles",
                        "--migration-on-error=abort"]
 #: Inodes the guest holds when it migrates: held/, held/data.txt, cwd/, cwd/journal.txt; two
@@ -130,4 +141,67 @@ def test_migration_to_a_node_with_another_key_fails(e2e_env: harness.Env) -> Non
         res.summary()
     assert res.journal == "before-migration\n", res.summary()
     assert (src.fhmon_rc, dst.fhmon_rc) == (0, 0), res.summary()
+    assert res.leftovers == [], res.summary()
+
+
+def test_migration_from_fhmon_to_a_plain_virtiofsd_keeps_the_guests_files(
+        e2e_env: harness.Env) -> None:
+    with harness.run_dir(harness.NOBODY) as rd:
+        res = migration.run_migration(
+            e2e_env, rd, migration_args=KUBEVIRT_MIGRATION, mode=None,
+            launch_options=INJECTED_LAUNCH, destination_plain=True, symlinks=True)
+    _report(res)
+    src, dst = res.source, res.destination
+    assert res.problems == [], res.summary()
+    assert res.status == "completed", res.summary()
+    assert (res.source_status_after, res.destination_status) == ("postmigrate", "running"), \
+        res.summary()
+    # The source served by handle through fhmon, and still migrated by path.
+    assert "--inode-file-handles=prefer" in src.virtiofsd_cmdline.split(), res.summary()
+    assert "--migration-mode=find-paths" in src.virtiofsd_cmdline.split(), res.summary()
+    assert src.fhmon_shutdown is not None, res.summary()
+    assert src.fhmon_shutdown.get("registrations") == {"accepted": 1}, res.summary()
+    assert src.fhmon_shutdown["counters"]["open_by_handle_at"].get("ok", 0) >= 1, \
+        res.summary()
+    # The destination: KubeVirt's command line, no fhmon, no capabilities.
+    assert "--inode-file-handles" not in dst.virtiofsd_cmdline, res.summary()
+    assert dst.fhmon_shutdown is not None, res.summary()
+    assert not dst.fhmon_shutdown.get("registrations"), res.summary()
+    assert dst.calls_during_migration("open_by_handle_at") == 0, res.summary()
+    # Every check of the guest passed on the destination, the symlinks' among them.
+    assert res.guest is not None and res.guest.workload_passed, res.summary()
+    assert tuple(res.guest.steps) == migration.GUEST_STEPS_WITH_SYMLINKS, res.summary()
+    assert res.guest.failed_steps() == set(), res.summary()
+    assert res.journal == migration.JOURNAL_TEXT, res.summary()
+    assert res.made_after == migration.MADE_AFTER_TEXT + "\n", res.summary()
+    for side in (src, dst):
+        assert side.virtiofsd_uid.split() == [str(harness.NOBODY)] * 4, res.summary()
+        assert side.virtiofsd_capeff == "0000000000000000", res.summary()
+        assert (side.qemu_rc, side.virtiofsd_rc, side.fhmon_rc) == (0, 0, 0), res.summary()
+        assert side.fhmon_problems == [], res.summary()
+    assert res.leftovers == [], res.summary()
+
+
+def test_handle_migration_to_a_plain_virtiofsd_loses_the_guests_files(
+        e2e_env: harness.Env) -> None:
+    """Negative control of the test above, and why file-handles is opt-in only: the plain
+    destination cannot open the source's handles (EPERM without CAP_DAC_READ_SEARCH), and
+    under KubeVirt's --migration-on-error=guest-error the migration completes with every
+    handle-migrated inode turned into an error for the guest."""
+    with harness.run_dir(harness.NOBODY) as rd:
+        res = migration.run_migration(
+            e2e_env, rd, migration_args=KUBEVIRT_MIGRATION, mode=None,
+            launch_options=[*INJECTED_LAUNCH, "--virtiofsd-migration=file-handles"],
+            destination_plain=True, symlinks=True)
+    _report(res)
+    assert res.problems == [], res.summary()
+    assert res.status == "completed", res.summary()
+    assert "--migration-mode=file-handles" in res.source.virtiofsd_cmdline.split(), \
+        res.summary()
+    assert "Opening file handle: Operation not permitted" in res.destination.virtiofsd_log, \
+        res.summary()
+    assert res.guest is not None and not res.guest.workload_passed, res.summary()
+    # The files the guest held open and its working directory are gone for it.
+    assert {"held_fd_read", "journal_fd_append", "cwd_list"} <= res.guest.failed_steps(), \
+        res.summary()
     assert res.leftovers == [], res.summary()

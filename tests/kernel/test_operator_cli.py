@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -155,6 +158,47 @@ class TestServe:
         assert any(line.startswith(f"ok   allow {tmp_path}/shares/*") for line in lines)
 
 
+    @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+    def test_stopping_removes_the_socket(self, sig: int, tmp_path: Path) -> None:
+        sock = tmp_path / "run" / "fhmon.sock"
+        with serving(tmp_path) as proc:
+            proc.send_signal(sig)
+            assert proc.wait(timeout=60) == 0
+        assert not sock.exists() and not (tmp_path / "run").exists()  # the dir it made too
+
+    def test_stopping_leaves_a_successors_socket(self, tmp_path: Path) -> None:
+        """A rolling upgrade: the new fhmon replaced the path with its own socket before the
+        old one stops; the old one must not remove the new one's."""
+        sock = tmp_path / "run" / "fhmon.sock"
+        with serving(tmp_path) as proc, socket.socket(socket.AF_UNIX) as successor:
+            sock.unlink()
+            successor.bind(str(sock))
+            successor.listen()
+            ours = os.stat(sock).st_ino
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+            assert sock.exists() and os.stat(sock).st_ino == ours
+
+
+@contextlib.contextmanager
+def serving(base: Path) -> Iterator[subprocess.Popen[str]]:
+    """`fhmon serve` on base/run/fhmon.sock until its status answers; killed if still alive."""
+    (base / "s").mkdir()
+    sock = str(base / "run" / "fhmon.sock")
+    proc = subprocess.Popen([FHMON, *serve_argv(base, "--allow", str(base / "s" / "*"))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while run("status", "--socket", sock).returncode != 0:
+            assert proc.poll() is None and time.monotonic() < deadline, "fhmon did not start"
+            time.sleep(0.1)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=60)
+
+
 class TestKeys:
     def test_key_id_that_is_not_hex(self, tmp_path: Path) -> None:
         run("keygen", "--key-dir", str(tmp_path), check=True)
@@ -210,8 +254,14 @@ class TestClients:
         default = cfg.embedded_default().socket
         res = run(*command)
         assert "required" not in res.stderr and "usage:" not in res.stderr, res.stderr
-        if os.path.exists(default):
-            pytest.skip(f"an fhmon serves {default} on this machine")
+        if os.path.lexists(default):
+            # Only a live fhmon there excuses this test; a stale socket is a defect (a
+            # stopped fhmon must remove its socket), not a reason to skip.
+            if run("status", "--socket", default).returncode == 0:
+                pytest.skip(f"a live fhmon serves {default} on this machine (`fhmon status "
+                            f"--socket {default}` answers)")
+            pytest.fail(f"{default} exists but no fhmon answers there: a stale socket, left "
+                        f"by an fhmon that did not remove it when it stopped")
         assert res.returncode != 0 and default in res.stderr, res.stderr
         assert default in run(command[0], "--help").stdout
 

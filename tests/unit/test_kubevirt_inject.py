@@ -79,9 +79,13 @@ def test_the_injected_container() -> None:
     launch = data["command"][data["command"].index("launch"):]
     assert launch[:5] == ["launch", "--socket", "/var/run/kubevirt/fhmon/fhmon.sock",
                           "--share", "/data"]
-    # KubeVirt's migration mode kept: migrating by handle is an opt-in (fhmon.io/migration).
-    assert "--migration-mode=find-paths" in data["args"]
-    assert "--migration-mode=file-handles" not in data["args"]
+    # KubeVirt's args run unchanged without fhmon; the launcher adds the handle flags, and
+    # keeps find-paths migration (a target without fhmon could not open the handles):
+    # migrating by handle is an opt-in (fhmon.io/migration).
+    original = {c["name"]: c for c in yaml.safe_load(LAUNCHER_POD)["spec"]["containers"]}
+    assert data["args"] == original["virtiofs-data"]["args"]
+    assert launch[5:] == ["--fail-open", "--virtiofsd-handles=prefer", "--",
+                          "/usr/libexec/virtiofsd"]
     assert kc.LAUNCHER_MIGRATION_FLAG not in data["command"]
     assert data["resources"]["limits"]["fhmon.io/virtiofs"] == "1"
     assert data["resources"]["limits"]["memory"] == "148M"
@@ -307,7 +311,7 @@ def test_other_settings() -> None:
     pod = yaml.safe_load(inject(LAUNCHER_POD, settings))
     data = next(c for c in pod["spec"]["containers"] if c["name"] == "virtiofs-data")
     assert "/run/x/fhmon.sock" in data["command"]
-    assert "--inode-file-handles=mandatory" in data["args"]
+    assert "--virtiofsd-handles=mandatory" in data["command"]
     assert pod["spec"]["initContainers"][-1]["image"] == settings.image
 
 
@@ -318,10 +322,21 @@ def test_bad_input_is_a_clear_error(bad: str) -> None:
         inject(bad)
 
 
-def test_virtiofsd_args() -> None:
-    assert kc.virtiofsd_args(["--inode-file-handles", "never", "--migration-mode", "find-paths",
-                              "--inode-file-handles=never", "-x"]) == [
-        "--migration-mode=file-handles", "-x", "--inode-file-handles=prefer"]
+def test_virtiofsd_args_are_kubevirts_unchanged() -> None:
+    """The launcher adds the handle flags only once fhmon serves (tests/kernel/test_intake.py
+    TestFailOpen); the pod keeps KubeVirt's command line for when it does not."""
+    args = ["--inode-file-handles", "never", "--migration-mode", "find-paths", "-x"]
+    container = {"name": "virtiofs-disk", "command": ["/usr/libexec/virtiofsd"], "args": args}
+    for by_handle in (False, True):
+        assert kc.inject_container(container, "disk", migrate_by_handle=by_handle)[
+            "args"] == args
+    prefix = kc.launcher_command(kc.Settings(), "/disk")
+    assert prefix[-3:] == ["--fail-open", "--virtiofsd-handles=prefer", "--"]
+    # An opted-in pod's launcher fails closed: a migration target without fhmon must not
+    # start (it could not open the source's handles), so the VM stays on its source.
+    by_handle = kc.launcher_command(kc.Settings(), "/disk", migration_by_handle=True)
+    assert "--virtiofsd-migration=file-handles" in by_handle
+    assert "--fail-open" not in by_handle
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,6 +8,9 @@
 # migrates the VM; the host sends a line there once the destination runs.  Afterwards each
 # check prints one "FHMON-E2E-STEP name pass|fail" line (check.sh) and the script ends with
 # one "FHMON-E2E-RESULT" line.
+# When the host made held/link (-> data.txt) and held/cwd-link (-> ../cwd), the guest looks
+# them up before the migration (their inodes migrate with the guest's dentries) and reads
+# through them afterwards, first through the migrated inodes, then after a fresh lookup.
 share=$1
 . /check.sh
 
@@ -25,6 +28,14 @@ read -r _ _ lines <&3 || fail_early read-held
 cd "$share/cwd" || fail_early cd
 exec 4>> journal.txt || fail_early open-journal
 echo before-migration >&4 || fail_early write-journal
+links=
+if [ -L "$share/held/link" ]; then
+    links=1
+    [ "$(readlink "$share/held/link")" = data.txt ] || fail_early readlink-before
+    [ "$(head -n 1 "$share/held/link")" = "fhmon-e2e held $lines" ] || fail_early link-before
+    [ "$(cat "$share/held/cwd-link/sibling.txt")" = "sibling of the journal" ] ||
+        fail_early dir-link-before
+fi
 mknod /tmp/ttyS1 c 4 65 || fail_early mknod
 echo "FHMON-E2E-MIG ready lines=$lines uptime=$(cut -d' ' -f1 /proc/uptime)"
 
@@ -52,9 +63,19 @@ create_after_migration() {
         [ "$(cat made-after.txt)" = "written by the guest after the migration" ]
 }
 close_fds() { exec 3<&- 4>&-; }
+# The symlinks through the inodes that migrated (before drop_caches), and looked up afresh.
+symlinks_migrated() {
+    [ "$(readlink "$share/held/link")" = data.txt ] &&
+        [ "$(head -n 1 "$share/held/link")" = "fhmon-e2e held $lines" ] &&
+        [ "$(readlink "$share/held/cwd-link")" = ../cwd ] &&
+        [ "$(cat "$share/held/cwd-link/sibling.txt")" = "sibling of the journal" ]
+}
+symlinks_looked_up() { symlinks_migrated && cmp "$share/held/link" "$share/held/data.txt"; }
 
-for step in drop_caches held_fd_read journal_fd_append cwd_list cwd_read_new_name \
-        lookup_after_migration held_path_read create_after_migration close_fds; do
+steps="drop_caches held_fd_read journal_fd_append cwd_list cwd_read_new_name \
+lookup_after_migration held_path_read create_after_migration close_fds"
+[ -n "$links" ] && steps="symlinks_migrated $steps symlinks_looked_up"
+for step in $steps; do
     check "$step" "$step"
 done
 
