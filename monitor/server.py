@@ -234,6 +234,12 @@ class Service:
         return target
 
     # --- the keeper (listeners that must outlive this process: monitor/keeper_client.py) ----
+    async def before_stop(self) -> None:
+        """A graceful stop: make sure the keeper holds every runtime-registered listener
+        before ours close (it may be back since moments only: KeeperClient.sync)."""
+        if self.keeper is not None:
+            await self.keeper.deposit_before_exit()
+
     async def restore_from_keeper(self, nursery: trio.Nursery) -> int:
         """Withdraw every listener the keeper holds; restart their stuck calls; serve them."""
         assert self.keeper is not None
