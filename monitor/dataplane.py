@@ -115,7 +115,18 @@ class NativeDataPlane:
             self._targets.pop(target.target_id, None)
 
     def set_keys(self, keys: KeyRing) -> None:
-        self._plane.set_keys(keys.native())
+        """Swap in a new ring; KeyDirError (the old ring stays) if its memory cannot be
+        locked (mlock's ENOMEM under RLIMIT_MEMLOCK: fhmon holds no CAP_IPC_LOCK)."""
+        try:
+            native = keys.native()
+        except ValueError as exc:
+            from monitor.signing import KeyDirError
+
+            raise KeyDirError(
+                f"the native data plane cannot lock the new keys' memory ({exc}; "
+                f"{len(keys.key_ids)} keys, a page each): the keys in use stay; retire "
+                f"keys, or raise the memlock limit (ulimit -l, LimitMEMLOCK=)") from None
+        self._plane.set_keys(native)
 
     def run(self) -> None:
         """Until stop(): merge the native counters and refusals as they come."""

@@ -71,6 +71,10 @@ class Service:
     def reload_keys(self) -> bool:
         try:
             ring = KeyRing.load(self.config.key_dir)
+            if self._plane is not None:
+                # the native plane keeps its own (locked) copy: made before anything is
+                # swapped, so that a ring whose memory cannot be locked changes nothing
+                self._plane.set_keys(ring)
         except KeyDirError as exc:
             self.key_error = str(exc)
             log.event("keys_reload_failed", logging.ERROR, error=str(exc))
@@ -80,8 +84,6 @@ class Service:
         self.key_error = None
         for worker in self._workers:
             worker.reload_keys()  # each loads the directory itself
-        if self._plane is not None:
-            self._plane.set_keys(ring)  # the native plane keeps its own (locked) copy
         if changed:
             log.event("keys_reloaded", keys=[f"{k:08x}" for k in ring.key_ids],
                       signer=f"{ring.signer:08x}")

@@ -109,11 +109,12 @@ class Worker:
             self._forget(message.target_id)
         elif isinstance(message, wire.ReloadKeys):
             try:
-                self.keys = KeyRing.load(self.start.key_dir)
-            except KeyDirError as exc:
+                keys = KeyRing.load(self.start.key_dir)
+                self.plane.set_keys(keys)  # the native plane keeps its own (locked) copy
+            except KeyDirError as exc:  # the ring in use stays (in both planes)
                 log.event("worker_keys_reload_failed", logging.ERROR, error=str(exc))
                 return
-            self.plane.set_keys(self.keys)  # the native plane keeps its own (locked) copy
+            self.keys = keys
         else:
             raise wire.WorkerProtocolError(f"unexpected {type(message).__name__}")
 
