@@ -44,6 +44,7 @@ from monitor.listener import Listener, SharedReceiveLock
 from monitor.metrics import CallStats
 from monitor.policy import Share
 from monitor.signing import KeyDirError, KeyRing
+from monitor.thread_cache import ThreadCache
 from protocol import worker as wire
 
 REPORT_INTERVAL = 0.5  # seconds between reports to fhmon serve
@@ -60,7 +61,8 @@ class Worker:
         answer = reference_answerer(self.stats, lambda: self.keys, start.signing)
         self.plane: DataPlane = make_data_plane(
             start.data_plane, answer, self.stats, keys, signing=start.signing,
-            threads_per_target=start.data_plane_threads, shared=receive_lock)
+            threads_per_target=start.data_plane_threads,
+            pidfds_per_target=start.pidfds_per_target, shared=receive_lock)
         self.targets: dict[int, Target] = {}
         self._hung_up: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._reported_calls: dict[int, int] = {}
@@ -125,7 +127,8 @@ class Worker:
                       s.target_path, s.is_mount_root, s.whole_fs)
         target = Target(message.target_id, Listener(listener_fd), share, message.pid,
                         PeerCred(message.peer_pid, message.peer_uid, message.peer_gid),
-                        message.convention)
+                        message.convention,
+                        threads=ThreadCache(self.start.pidfds_per_target))
         self.targets[target.target_id] = target
         # on a plane thread: the control loop forgets it (never the plane's own thread,
         # which remove() would wait for)
