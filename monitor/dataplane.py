@@ -29,6 +29,7 @@ from monitor import log
 from monitor.answer_loop import PythonAnswerLoop
 from monitor.labels import refusal_code
 from monitor.metrics import LATENCY_BUCKETS, CallStats
+from monitor.thread_cache import MAX_CACHED_THREADS
 from protocol import kernel
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class NativeDataPlane:
     """monitor._native.Plane behind the DataPlane interface."""
 
     def __init__(self, answer: Answerer, stats: CallStats, keys: KeyRing, *, signing: bool,
-                 threads_per_target: int | str) -> None:
+                 threads_per_target: int | str, pidfds_per_target: int) -> None:
         try:
             _native = importlib.import_module("monitor._native")
         except ImportError as exc:
@@ -86,7 +87,8 @@ class NativeDataPlane:
         self._lock = threading.Lock()
         threads, auto = native_threads(threads_per_target)
         self._plane = _native.Plane(ACCEPTED_FLAGS, signing, threads, auto,
-                                    list(LATENCY_BUCKETS), self._fallback, self._hung_up)
+                                    list(LATENCY_BUCKETS), self._fallback, self._hung_up,
+                                    pidfds_per_target)
         try:
             self._plane.set_keys(keys.native())
         except ValueError as exc:  # mlock refused (RLIMIT_MEMLOCK)
@@ -115,7 +117,18 @@ class NativeDataPlane:
             self._targets.pop(target.target_id, None)
 
     def set_keys(self, keys: KeyRing) -> None:
-        self._plane.set_keys(keys.native())
+        """Swap in a new ring; KeyDirError (the old ring stays) if its memory cannot be
+        locked (mlock's ENOMEM under RLIMIT_MEMLOCK: fhmon holds no CAP_IPC_LOCK)."""
+        try:
+            native = keys.native()
+        except ValueError as exc:
+            from monitor.signing import KeyDirError
+
+            raise KeyDirError(
+                f"the native data plane cannot lock the new keys' memory ({exc}; "
+                f"{len(keys.key_ids)} keys, a page each): the keys in use stay; retire "
+                f"keys, or raise the memlock limit (ulimit -l, LimitMEMLOCK=)") from None
+        self._plane.set_keys(native)
 
     def run(self) -> None:
         """Until stop(): merge the native counters and refusals as they come."""
@@ -190,16 +203,20 @@ def native_threads(setting: int | str) -> tuple[int, bool]:
 
 def make_data_plane(plane: str, answer: Answerer, stats: CallStats, keys: KeyRing, *,
                     signing: bool, threads_per_target: int | str,
+                    pidfds_per_target: int = MAX_CACHED_THREADS,
                     shared: SharedReceiveLock | None = None) -> DataPlane:
     """The plane `data_plane` names, for fhmon serve and for each worker alike.
 
+    pidfds_per_target: the native plane's bound on each target's cached thread pidfds (the
+    python plane's is each Target's ThreadCache: both come from cached_threads_per_target).
     shared: the lock of workers that all wait on every listener. Only the python plane
     needs it (another process may RECV the call its epoll reported); the native plane's
     threads block in RECV on their own listener, and a call goes to exactly one RECV.
     """
     if plane == "native":
         return NativeDataPlane(answer, stats, keys, signing=signing,
-                               threads_per_target=threads_per_target)
+                               threads_per_target=threads_per_target,
+                               pidfds_per_target=pidfds_per_target)
     return PythonDataPlane(answer, shared=shared)
 
 

@@ -6,8 +6,12 @@ fhmon restarts, only a copy the keeper holds keeps the filter alive (the last cl
 fail every call with ENOSYS for good). Whatever order fhmon and the keeper restart in,
 no listener is lost while at least one of them runs: `sync` keeps one connection to the
 keeper and deposits every such listener on it; when the keeper goes away it connects
-again (with backoff) and deposits them all again, since a keeper that restarted holds
-nothing. Messages are protocol/keeper.py's frames.
+again (with backoff, at most RECONNECT_MAX_DELAY) and deposits them all again, since a
+keeper that restarted holds nothing. A listener registered while the keeper was down is
+deposited on the first connection after it is back; and before a graceful stop (SIGTERM:
+a rolling upgrade) `deposit_before_exit` hands every such listener over once more and waits
+until the keeper has read them all, so that a restart right after the keeper's return
+cannot outrun the reconnection. Messages are protocol/keeper.py's frames.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ if TYPE_CHECKING:
 
 CONNECT_TIMEOUT = 5.0
 WITHDRAW_TIMEOUT = 10.0
+RECONNECT_MAX_DELAY = 0.5  # a connect to an absent keeper is one failing syscall
+EXIT_DEPOSIT_TIMEOUT = 3.0  # a graceful stop waits this long for the keeper at most
+_SESSION_ERRORS = (OSError, trio.TooSlowError, trio.BrokenResourceError)
 
 
 def keeper_record(target: Target) -> dict[str, Any]:
@@ -64,20 +71,52 @@ class KeeperClient:
         So a listener is lost only if fhmon and the keeper are down together."""
         delay, outage = 0.05, False
         while True:
+            # except*: an error of a deposit inside the session's nursery arrives in an
+            # ExceptionGroup, and it too only ends the session (it used to end fhmon).
             try:
                 deposited = await self._session()
-            except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+            except* _SESSION_ERRORS as group:
                 self._count_failed_deposits()
                 if not outage:
                     log.event("keeper_unreachable", logging.WARNING, keeper=self.socket_path,
-                              error=str(exc), hint="listeners are deposited once it is back")
+                              error="; ".join(str(e) for e in group.exceptions),
+                              hint="listeners are deposited once it is back")
                 outage = True
             else:
                 log.event("keeper_lost", logging.WARNING, keeper=self.socket_path,
                           deposited=deposited, hint="depositing again once it is back")
                 outage, delay = True, 0.05
             await trio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            delay = min(delay * 2, RECONNECT_MAX_DELAY)
+
+    async def deposit_before_exit(self) -> int:
+        """Before a graceful stop: deposit every OCI target's listener on a connection of
+        its own, then half-close it and wait for the keeper's EOF: the keeper reads and
+        takes each deposit before it reads the end, so its EOF says it holds them all (it
+        ignores those it held already). Returns how many; logs when the keeper cannot be
+        reached (those listeners die with this process: ENOSYS)."""
+        targets = [t for t in self._targets() if t.convention == "oci"]
+        if not targets:
+            return 0
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        with sock:
+            try:
+                with trio.fail_after(EXIT_DEPOSIT_TIMEOUT):
+                    await sock.connect(self.socket_path)
+                    for target in targets:
+                        frame = keeper_wire.encode({"op": "deposit",
+                                                    "target": keeper_record(target)})
+                        await sock.sendmsg([frame], fdpass.rights([target.listener.fd]))
+                    sock.shutdown(socket.SHUT_WR)
+                    while await sock.recv(4096):
+                        pass
+            except _SESSION_ERRORS as exc:
+                log.event("keeper_unreachable_at_exit", logging.ERROR, keeper=self.socket_path,
+                          error=str(exc) or type(exc).__name__, listeners=len(targets),
+                          hint="these runtime-registered targets get ENOSYS from now on")
+                return 0
+        log.event("keeper_synced_before_exit", keeper=self.socket_path, deposited=len(targets))
+        return len(targets)
 
     def _count_failed_deposits(self) -> None:
         """fhmon_keeper_deposits_total{outcome="failed"}: once for each target whose

@@ -38,6 +38,7 @@ from monitor.prom import Metrics
 from monitor.registration import check_registration, hello_listener, oci_listener
 from monitor.signing import KeyDirError, KeyRing
 from monitor.stuck_calls import restart_stuck_calls_of
+from monitor.thread_cache import ThreadCache, cached_threads_per_target
 from monitor.worker_supervisor import WorkerProcess, WorkerStartError
 from protocol import native, oci
 from protocol import worker as worker_wire
@@ -66,11 +67,18 @@ class Service:
         self.intake = Intake(config, self)
         self._plane: DataPlane | None = None
         self._workers: list[WorkerProcess] = []
+        # each target's fair share of the fd limit for its threads' pidfds (set again
+        # once serve() has raised the limit)
+        self.pidfds_per_target = cached_threads_per_target(config.max_targets)
 
     # --- keys -------------------------------------------------------------------------
     def reload_keys(self) -> bool:
         try:
             ring = KeyRing.load(self.config.key_dir)
+            if self._plane is not None:
+                # the native plane keeps its own (locked) copy: made before anything is
+                # swapped, so that a ring whose memory cannot be locked changes nothing
+                self._plane.set_keys(ring)
         except KeyDirError as exc:
             self.key_error = str(exc)
             log.event("keys_reload_failed", logging.ERROR, error=str(exc))
@@ -80,8 +88,6 @@ class Service:
         self.key_error = None
         for worker in self._workers:
             worker.reload_keys()  # each loads the directory itself
-        if self._plane is not None:
-            self._plane.set_keys(ring)  # the native plane keeps its own (locked) copy
         if changed:
             log.event("keys_reloaded", keys=[f"{k:08x}" for k in ring.key_ids],
                       signer=f"{ring.signer:08x}")
@@ -96,6 +102,7 @@ class Service:
 
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         _raise_fd_limit()
+        self.pidfds_per_target = cached_threads_per_target(self.config.max_targets)
         intake_socket = open_intake_socket(self.config)
         try:
             # Before the sandbox: it allows no execve.
@@ -120,7 +127,8 @@ class Service:
                 c = self.config
                 self._plane = make_data_plane(c.data_plane, self._answer, self.stats,
                                               self.keys, signing=c.signing,
-                                              threads_per_target=c.data_plane_threads)
+                                              threads_per_target=c.data_plane_threads,
+                                              pidfds_per_target=self.pidfds_per_target)
             async with trio.open_nursery() as nursery:
                 if self._plane is not None:
                     nursery.start_soon(self._run_data_plane, self._plane)
@@ -143,7 +151,8 @@ class Service:
                     nursery.start_soon(self.keeper.sync)
                 log.event("serving", socket=self.config.socket, key_dir=self.config.key_dir,
                           allow=self.config.allow, keys=[f"{k:08x}" for k in self.keys.key_ids],
-                          signer=f"{self.keys.signer:08x}", pid=os.getpid())
+                          signer=f"{self.keys.signer:08x}", pid=os.getpid(),
+                          pidfds_per_target=self.pidfds_per_target)
                 task_status.started()
                 await self.intake.serve(intake_socket.sock, nursery)
         finally:
@@ -222,7 +231,8 @@ class Service:
         listener = Listener(listener_fd)
         if self.config.sync_wakeup:
             listener.set_sync_wakeup()
-        target = Target(next(self._ids), listener, share, target_pid, peer, convention)
+        target = Target(next(self._ids), listener, share, target_pid, peer, convention,
+                        threads=ThreadCache(self.pidfds_per_target))
         self.targets[target.target_id] = target
         self.stats.registrations["accepted"] += 1
         self.metrics.registrations.labels("accepted").inc()
@@ -234,6 +244,12 @@ class Service:
         return target
 
     # --- the keeper (listeners that must outlive this process: monitor/keeper_client.py) ----
+    async def before_stop(self) -> None:
+        """A graceful stop: make sure the keeper holds every runtime-registered listener
+        before ours close (it may be back since moments only: KeeperClient.sync)."""
+        if self.keeper is not None:
+            await self.keeper.deposit_before_exit()
+
     async def restore_from_keeper(self, nursery: trio.Nursery) -> int:
         """Withdraw every listener the keeper holds; restart their stuck calls; serve them."""
         assert self.keeper is not None
@@ -279,7 +295,8 @@ class Service:
     def _worker_start(self) -> worker_wire.Start:
         c = self.config
         return worker_wire.Start(c.key_dir, c.signing, c.log_level, c.drop_capabilities,
-                                 c.sandbox, c.data_plane, c.data_plane_threads)
+                                 c.sandbox, c.data_plane, c.data_plane_threads,
+                                 self.pidfds_per_target)
 
     async def _supervise_worker(self, worker: WorkerProcess) -> None:
         """A worker must live as long as the service: if one ends, the service stops (its

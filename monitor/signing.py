@@ -37,6 +37,11 @@ from protocol import kernel, signed_handle
 MIN_KEY_BYTES: Final = 32
 MAX_KEY_BYTES: Final = 1024  # far above any real key; bounds what a key file may hold
 MAX_KEY_FILE_BYTES: Final = 4096  # larger entries are refused unread
+# A rotation needs two or three keys. The native plane locks each key's state in a page of
+# its own (mlock, counted against RLIMIT_MEMLOCK once capabilities are dropped), and a reload
+# holds the old ring and the new one: 256 keys are 1 MiB locked, 2 MiB during a reload. A
+# directory with more is refused before a key is read (20,000 keys made the lock fail).
+MAX_KEYS: Final = 256
 KEY_CHECK_LABEL: Final = b"fhmon/key-check/v1\0"
 _KEY_FILE = re.compile(rb"([0-9a-fA-F]+)\n(?:check ([0-9a-f]{16})\n)?")
 # what a valid key file looks like while it is still being written (cut anywhere)
@@ -169,10 +174,12 @@ class KeyRing:
             entries = sorted(os.listdir(dir_fd))
         except OSError as exc:
             raise KeyDirError(f"cannot list key directory {directory}: {exc.strerror}") from None
-        for entry in entries:
-            match = _KEY_NAME.match(entry)
-            if not match:
-                continue
+        named = [(entry, match) for entry in entries if (match := _KEY_NAME.match(entry))]
+        if len(named) > MAX_KEYS:
+            raise KeyDirError(f"key directory {directory} holds {len(named)} key files; "
+                              f"at most {MAX_KEYS} are loaded (docs/operations.md): retire "
+                              f"the keys no handle in use needs (`fhmon key retire`)")
+        for entry, match in named:
             keys[int(match.group(1), 16)] = _read_key(directory, dir_fd, entry)
         if not keys:
             raise KeyDirError(f"no keys (<8 hex digits>.key) in {directory}; "

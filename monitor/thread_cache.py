@@ -4,10 +4,31 @@ credentials (saves a /proc read and a pidfd_open per call)."""
 from __future__ import annotations
 
 import os
+import resource
 import threading
+from typing import Final
 
 from monitor import linux
 from monitor.proc_status import ThreadStatus
+
+MAX_CACHED_THREADS: Final = 1024  # the most pidfds one target's cache ever holds
+MIN_CACHED_THREADS: Final = 16  # even a small fd limit keeps a cache worth having
+# a target's fds besides its cache: the listener, the share's path and directory fds, a
+# mount_fd duplicate, an fd in flight to inject, the worker processes' copies
+FDS_PER_TARGET_BESIDES_CACHE: Final = 8
+
+
+def cached_threads_per_target(max_targets: int, nofile: int | None = None) -> int:
+    """How many thread pidfds each target may hold in fhmon: its fair share of the fd
+    limit (RLIMIT_NOFILE's soft limit, as fhmon serve raised it, over max_targets, less
+    the target's other fds), between MIN_CACHED_THREADS and MAX_CACHED_THREADS. A target
+    with more calling threads than that pays a pidfd_open per call of the others; a
+    target with thousands of threads no longer holds 1,024 fds, which with many targets
+    reached the fd limit (issue 24)."""
+    if nofile is None:
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    share = nofile // max(1, max_targets) - FDS_PER_TARGET_BESIDES_CACHE
+    return max(MIN_CACHED_THREADS, min(MAX_CACHED_THREADS, share))
 
 
 class ThreadCache:
@@ -29,7 +50,7 @@ class ThreadCache:
     measured too: a target whose threads call in turn then never hits (5.5x vs 4.7x).
     """
 
-    def __init__(self, limit: int = 1024) -> None:
+    def __init__(self, limit: int = MAX_CACHED_THREADS) -> None:
         self._entries: dict[int, tuple[int, ThreadStatus | None]] = {}
         self._limit = limit
         self._lock = threading.Lock()

@@ -44,6 +44,7 @@ from monitor.listener import Listener, SharedReceiveLock
 from monitor.metrics import CallStats
 from monitor.policy import Share
 from monitor.signing import KeyDirError, KeyRing
+from monitor.thread_cache import ThreadCache
 from protocol import worker as wire
 
 REPORT_INTERVAL = 0.5  # seconds between reports to fhmon serve
@@ -60,7 +61,8 @@ class Worker:
         answer = reference_answerer(self.stats, lambda: self.keys, start.signing)
         self.plane: DataPlane = make_data_plane(
             start.data_plane, answer, self.stats, keys, signing=start.signing,
-            threads_per_target=start.data_plane_threads, shared=receive_lock)
+            threads_per_target=start.data_plane_threads,
+            pidfds_per_target=start.pidfds_per_target, shared=receive_lock)
         self.targets: dict[int, Target] = {}
         self._hung_up: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._reported_calls: dict[int, int] = {}
@@ -109,11 +111,12 @@ class Worker:
             self._forget(message.target_id)
         elif isinstance(message, wire.ReloadKeys):
             try:
-                self.keys = KeyRing.load(self.start.key_dir)
-            except KeyDirError as exc:
+                keys = KeyRing.load(self.start.key_dir)
+                self.plane.set_keys(keys)  # the native plane keeps its own (locked) copy
+            except KeyDirError as exc:  # the ring in use stays (in both planes)
                 log.event("worker_keys_reload_failed", logging.ERROR, error=str(exc))
                 return
-            self.plane.set_keys(self.keys)  # the native plane keeps its own (locked) copy
+            self.keys = keys
         else:
             raise wire.WorkerProtocolError(f"unexpected {type(message).__name__}")
 
@@ -124,7 +127,8 @@ class Worker:
                       s.target_path, s.is_mount_root, s.whole_fs)
         target = Target(message.target_id, Listener(listener_fd), share, message.pid,
                         PeerCred(message.peer_pid, message.peer_uid, message.peer_gid),
-                        message.convention)
+                        message.convention,
+                        threads=ThreadCache(self.start.pidfds_per_target))
         self.targets[target.target_id] = target
         # on a plane thread: the control loop forgets it (never the plane's own thread,
         # which remove() would wait for)

@@ -38,6 +38,8 @@ class Start:
     # plane fhmon serve would have used itself
     data_plane: str = "native"
     data_plane_threads: int | str = "auto"
+    # each target's bound on cached thread pidfds (monitor/thread_cache.py)
+    pidfds_per_target: int = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +107,8 @@ def encode(message: Message) -> bytes:
                                     "drop_capabilities": message.drop_capabilities,
                                     "sandbox": message.sandbox,
                                     "data_plane": message.data_plane,
-                                    "data_plane_threads": message.data_plane_threads}
+                                    "data_plane_threads": message.data_plane_threads,
+                                    "pidfds_per_target": message.pidfds_per_target}
         case AddTarget():
             s = message.share
             body = {"op": "add", "target_id": message.target_id, "pid": message.pid,
@@ -141,7 +144,8 @@ def decode(data: bytes) -> Message:
             return Start(_str(body["key_dir"]), _bool(body["signing"]),
                          _str(body["log_level"]), _bool(body["drop_capabilities"]),
                          _bool(body["sandbox"]), _plane(body["data_plane"]),
-                         _threads(body["data_plane_threads"]))
+                         _threads(body["data_plane_threads"]),
+                         _pidfds(body["pidfds_per_target"]))
         if op == "add":
             s = body["share"]
             peer_pid, peer_uid, peer_gid = (_int(v) for v in body["peer"])
@@ -180,6 +184,14 @@ def _threads(value: Any) -> int | str:
     if value == "auto":
         return "auto"
     return _int(value)
+
+
+def _pidfds(value: Any) -> int:
+    """pidfds_per_target: a positive count."""
+    count = _int(value)
+    if count < 1:
+        raise ValueError(f"pidfds_per_target must be positive, not {count}")
+    return count
 
 
 def _int(value: Any) -> int:

@@ -61,7 +61,8 @@ def serve(args: argparse.Namespace) -> int:
                        "exists; check it for typos")
     service = Service(config, keys)
     try:
-        run_service(service.serve, on_hangup=service.reload_keys, log_stopping=True)
+        run_service(service.serve, on_hangup=service.reload_keys, log_stopping=True,
+                    before_stop=service.before_stop)
     except Exception as exc:  # a start-up failure: say what and where
         return report_failure("serve", exc)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -15,11 +15,13 @@ from monitor import log
 
 def run_service(start: Callable[..., Any], *args: Any,
                 on_hangup: Callable[[], object] | None = None,
-                log_stopping: bool = False) -> None:
+                log_stopping: bool = False,
+                before_stop: Callable[[], Awaitable[object]] | None = None) -> None:
     """trio.run `start(*args, task_status=...)` in a nursery until SIGTERM or SIGINT.
 
     on_hangup: SIGHUP calls it instead of stopping (without it SIGHUP is not caught);
-    log_stopping: log a "stopping" event naming the signal before cancelling.
+    log_stopping: log a "stopping" event naming the signal before cancelling;
+    before_stop: awaited after that, while the service still runs (it bounds its own time).
     """
     signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if on_hangup else (
         signal.SIGTERM, signal.SIGINT)
@@ -34,6 +36,8 @@ def run_service(start: Callable[..., Any], *args: Any,
                         continue
                     if log_stopping:
                         log.event("stopping", signal=signal.Signals(sig).name)
+                    if before_stop is not None:
+                        await before_stop()
                     nursery.cancel_scope.cancel()
                     break
 

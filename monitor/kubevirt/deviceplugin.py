@@ -25,7 +25,7 @@ import os
 import stat
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import grpc
 
@@ -43,6 +43,9 @@ REGISTER_TIMEOUT = 10.0
 # virtiofs container (container_t) may not write a socket labelled for the host's /run.
 CONTAINER_FILE_LABEL = b"system_u:object_r:container_file_t:s0"
 SELINUX_FS = "/sys/fs/selinux"
+# Only the kubelet (root) dials the plugin's socket: whoever can connect may list and
+# allocate devices. grpcio binds it with the process's umask (0755 under 022, 0777 under 0).
+PLUGIN_SOCKET_MODE: Final = 0o600
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +223,19 @@ async def register(config: PluginConfig) -> None:
                                     f"{exc.details()}") from None
 
 
+def _bind_private(server: grpc.aio.Server, path: str) -> None:
+    """Bind the plugin's socket with PLUGIN_SOCKET_MODE whatever the umask: grpcio binds in
+    add_insecure_port, so a umask held around that call makes the socket private from its
+    first instant (umask is process-wide, but a stricter one only makes grpcio's own files
+    stricter meanwhile), and the chmod states the mode outright."""
+    previous = os.umask(0o777 & ~PLUGIN_SOCKET_MODE)
+    try:
+        server.add_insecure_port(f"unix://{path}")
+    finally:
+        os.umask(previous)
+    os.chmod(path, PLUGIN_SOCKET_MODE)
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -235,7 +251,7 @@ async def serve_once(config: PluginConfig, plugin: DevicePlugin,
         os.unlink(config.plugin_socket)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((plugin.handler(),))
-    server.add_insecure_port(f"unix://{config.plugin_socket}")
+    _bind_private(server, config.plugin_socket)
     await server.start()
     try:
         ours = _identity(config.plugin_socket)

@@ -42,7 +42,8 @@ pub const GONE: usize = MAX_ERRNO + 1;
 const RESULTS: usize = MAX_ERRNO + 2;
 pub const BUCKETS: usize = 16;
 const MAX_EVENTS: usize = 4096;
-const PIDFD_CACHE: usize = 1024;
+/// The most pidfds a target's thread cache holds (Config::pidfds_per_target is at most this).
+pub const PIDFD_CACHE: usize = 1024;
 /// errnos whose refusal with a reason is audited (monitor/audit.py _POLICY_ERRNOS)
 const POLICY_ERRNOS: [i32; 5] = [
     libc::EACCES,
@@ -66,6 +67,9 @@ pub struct Config {
     pub auto_threads: bool,
     /// latency bucket upper bounds, seconds (monitor/metrics.py LATENCY_BUCKETS)
     pub buckets: [f64; BUCKETS],
+    /// each target's thread cache holds at most this many pidfds (its fair share of
+    /// RLIMIT_NOFILE: monitor/thread_cache.py cached_threads_per_target); 1..=PIDFD_CACHE
+    pub pidfds_per_target: usize,
 }
 
 pub struct Share {
@@ -205,17 +209,20 @@ struct ThreadEntry {
     frozen: Option<Arc<Status>>,
 }
 
-/// A target's threads by TID: O(1) lookups, at most PIDFD_CACHE entries, its table
-/// allocated once when the target is added (an insert below the reserved capacity never
-/// allocates; a full cache takes no new entry).
+/// A target's threads by TID: O(1) lookups, at most `limit` entries (a pidfd each), its
+/// table allocated once when the target is added (an insert below the reserved capacity
+/// never allocates; a full cache takes no new entry).
 struct ThreadCache {
     entries: HashMap<u32, ThreadEntry>,
+    limit: usize,
 }
 
 impl ThreadCache {
-    fn new() -> ThreadCache {
+    fn new(limit: usize) -> ThreadCache {
+        let limit = limit.clamp(1, PIDFD_CACHE);
         ThreadCache {
-            entries: HashMap::with_capacity(PIDFD_CACHE),
+            entries: HashMap::with_capacity(limit),
+            limit,
         }
     }
 
@@ -343,7 +350,7 @@ impl Plane {
             peer_uid,
             stopping: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
-            threads: Mutex::new(ThreadCache::new()),
+            threads: Mutex::new(ThreadCache::new(self.config.pidfds_per_target)),
             mount_fd: Mutex::new(None),
             fallback_lock: Mutex::new(()),
             calls: AtomicU64::new(0),
@@ -698,7 +705,7 @@ impl Plane {
 /// reference's ThreadCache.put); the once-a-second sweep makes room when threads exit.
 fn remember(cache: &mut ThreadCache, tid: u32, pidfd: OwnedFd, frozen: Option<Arc<Status>>) {
     cache.forget(tid);
-    if cache.len() < PIDFD_CACHE {
+    if cache.len() < cache.limit {
         cache.entries.insert(tid, ThreadEntry { pidfd, frozen });
     }
 }
@@ -939,7 +946,7 @@ mod tests {
 
     #[test]
     fn the_thread_cache_finds_by_tid_and_takes_no_entry_when_full() {
-        let mut cache = ThreadCache::new();
+        let mut cache = ThreadCache::new(PIDFD_CACHE);
         let reserved = cache.entries.capacity();
         assert!(reserved >= PIDFD_CACHE);
         for tid in 0..PIDFD_CACHE as u32 {
@@ -964,5 +971,16 @@ mod tests {
         assert!(cache.entries.capacity() <= 2 * reserved + 1);
         cache.retain(|_| false);
         assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn the_thread_cache_keeps_to_its_share_of_the_fd_limit() {
+        let mut cache = ThreadCache::new(16);
+        for tid in 0..40 {
+            remember(&mut cache, tid, pidfd(), None);
+        }
+        assert_eq!(cache.len(), 16); // the other pidfds were closed, not kept
+        assert_eq!(ThreadCache::new(0).limit, 1);
+        assert_eq!(ThreadCache::new(1 << 20).limit, PIDFD_CACHE);
     }
 }

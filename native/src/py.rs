@@ -135,7 +135,11 @@ impl PyPlane {
     /// fallback(target_id, raw_notification) answers what the native code does not;
     /// hung_up(target_id) runs once a target's filter has no task left. Both are called
     /// from native threads, with the GIL taken for the call only.
+    /// pidfds_per_target: the most pidfds each target's thread cache holds.
     #[new]
+    #[pyo3(signature = (accepted_flags, signing, threads_per_target, auto_threads, buckets,
+                        fallback, hung_up, pidfds_per_target = crate::plane::PIDFD_CACHE))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         accepted_flags: i32,
         signing: bool,
@@ -144,6 +148,7 @@ impl PyPlane {
         buckets: Vec<f64>,
         fallback: Py<PyAny>,
         hung_up: Py<PyAny>,
+        pidfds_per_target: usize,
     ) -> PyResult<Self> {
         let buckets: [f64; crate::plane::BUCKETS] = buckets.try_into().map_err(|_| {
             PyValueError::new_err(format!(
@@ -157,6 +162,7 @@ impl PyPlane {
             threads_per_target,
             auto_threads,
             buckets,
+            pidfds_per_target,
         };
         let fallback = Box::new(
             move |target_id: u64, raw: &[u8; crate::abi::SECCOMP_NOTIF_SIZE]| {

@@ -90,3 +90,45 @@ def test_both_down_together_loses_the_listener_as_documented(world: World) -> No
     finally:
         agent.close()
         keeper.stop()
+
+
+@pytest.mark.parametrize("gone", ["killed", "stopped"])
+def test_a_registration_while_the_keeper_is_down_survives_a_restart_right_after_its_return(
+        world: World, gone: str) -> None:
+    """Issue 24 item 9: the keeper goes away (SIGKILL leaves its socket file, SIGTERM
+    removes it), a runc-style target registers, the keeper comes back and fhmon is
+    restarted at once (a rolling upgrade's SIGTERM). fhmon's reconnection backoff (up to 2 s
+    then) had not found the keeper yet, so the listener died with fhmon: ENOSYS for good.
+    Now the deposit follows the keeper's return within the (shorter) backoff, and a graceful
+    stop deposits every such listener and waits for the keeper to have read them."""
+    keeper = KeeperProc(world.base, f"down-{gone}-keeper")
+    keeper.start()
+    service = Service(world.base, [str(world.shares / "*")], name=f"down-{gone}",
+                      extra=["--keeper", keeper.socket])
+    agent: Agent | None = None
+    try:
+        assert wait_until(lambda: any(e.get("event") == "keeper_synced"
+                                      for e in service.events()), 15)
+        if gone == "killed":
+            keeper.kill()
+        else:
+            keeper.stop()
+        assert wait_until(lambda: any(e.get("event") == "keeper_lost"
+                                      for e in service.events()), 15)
+        time.sleep(3)  # a long enough outage for the backoff to reach its longest delay
+        agent = Agent(world, "runc", world.main, service.socket)
+        assert served(agent) == 0
+        assert keeper.holds() == 0
+        keeper.start()
+        service.stop(signal.SIGTERM)  # at once: no time for the next reconnection
+        assert keeper.holds() == 1, "fhmon stopped without handing the listener over"
+        service.start()
+        assert served(agent) == 0, "the listener was lost"
+        assert any(e.get("event") == "target_restored" for e in service.events())
+    finally:
+        if agent is not None:
+            agent.close()
+        service.stop()
+        keeper.stop()
+        if os.path.exists(keeper.socket):
+            os.unlink(keeper.socket)

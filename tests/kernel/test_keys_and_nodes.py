@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import errno
+import os
+import resource
 import shutil
+import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.support import FHMON, Agent, Service, World, wait_until
 from tests.support.handles import key_id_of, signed_handle_args
@@ -82,6 +87,106 @@ def test_sighup_reloads_and_a_broken_key_dir_keeps_the_old_keys(world: World) ->
             signer_file.write_text(saved)
             assert wait_until(lambda: subprocess.run(
                 [FHMON, "probe", "--socket", service.socket], capture_output=True).returncode == 0)
+        finally:
+            agent.close()
+
+
+def _add_keys(key_dir: Path, count: int) -> list[Path]:
+    """count valid verify-only keys, each written atomically (as `fhmon keygen` does)."""
+    from monitor import signing
+
+    added = []
+    for n in range(count):
+        path = key_dir / f"{0x7e000000 + n:08x}.key"
+        tmp = key_dir / f".{path.name}.tmp"
+        tmp.write_text(signing.key_file_text(os.urandom(signing.MIN_KEY_BYTES)))
+        tmp.chmod(0o600)
+        tmp.rename(path)
+        added.append(path)
+    return added
+
+
+def _probe(service: Service) -> int:
+    return subprocess.run([FHMON, "probe", "--socket", service.socket],
+                          capture_output=True).returncode
+
+
+def _reload_failed(service: Service, words: str) -> bool:
+    return any(e.get("event") == "keys_reload_failed" and words in e.get("error", "")
+               for e in service.events())
+
+
+def test_too_many_keys_are_refused_and_the_old_keys_serve(world: World) -> None:
+    """Issue 24 item 8: 20,000 valid keys made the reload fail to lock their memory and
+    `fhmon serve` exit. More than MAX_KEYS is now a refusal like any bad key directory: the
+    ring in use stays, the key-directory health goes to 0, and a start-up says why."""
+    from monitor import signing
+
+    with Service(world.base, [str(world.shares / "*")], name="many-keys") as service:
+        agent = Agent(world, "fhmon", world.main, service.socket)
+        try:
+            handle = signed_handle_args(agent, "file")
+            signer = key_id_of(handle)
+            added = _add_keys(service.key_dir, signing.MAX_KEYS)  # one more than the bound
+            service.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+            assert wait_until(lambda: _reload_failed(service, f"at most {signing.MAX_KEYS}"),
+                              30), service.log_text()[-2000:]
+            assert service.proc.poll() is None  # type: ignore[union-attr]
+            assert agent.call("obh", **handle)["errno"] == 0
+            assert key_id_of(signed_handle_args(agent, "file")) == signer
+            assert _probe(service) == 1
+            try:
+                started = Service(world.base, [str(world.shares / "*")],
+                                  name="many-keys-start", key_dir=service.key_dir)
+            except RuntimeError as refused:  # it exited, saying why
+                assert f"at most {signing.MAX_KEYS} are loaded" in str(refused)
+            else:
+                started.stop()
+                pytest.fail("fhmon serve started with more than MAX_KEYS keys")
+            for path in added:
+                path.unlink()
+            assert wait_until(lambda: _probe(service) == 0, 30)
+        finally:
+            agent.close()
+
+
+def test_a_ring_whose_memory_cannot_be_locked_keeps_the_old_keys(world: World,
+                                                                  tmp_path: Path) -> None:
+    """The native plane locks a page per key, counted against RLIMIT_MEMLOCK (fhmon keeps
+    no CAP_IPC_LOCK): a reload it cannot lock used to end `fhmon serve` (ENOMEM out of the
+    key watcher). Now it keeps the old ring, logs why, and reports the key directory
+    unhealthy until the limit allows the new ring. Real mlock under a real limit, set on
+    the running fhmon with prlimit."""
+    native = tmp_path / "native.toml"
+    native.write_text('data_plane = "native"\n')
+    with Service(world.base, [str(world.shares / "*")], name="memlock",
+                 extra=["--config", str(native)]) as service:
+        agent = Agent(world, "fhmon", world.main, service.socket)
+        try:
+            handle = signed_handle_args(agent, "file")
+            signer = key_id_of(handle)
+            status = Path(f"/proc/{service.pid}/status").read_text()
+            locked_kib = int(next(line.split()[1] for line in status.splitlines()
+                                  if line.startswith("VmLck:")))
+            assert locked_kib >= 4  # the ring in use: one locked page per key
+            limits = resource.prlimit(service.pid, resource.RLIMIT_MEMLOCK)
+            # room for one more page: the new ring's four keys cannot all be locked
+            resource.prlimit(service.pid, resource.RLIMIT_MEMLOCK,
+                             (locked_kib * 1024 + 4096, limits[1]))
+            try:
+                _add_keys(service.key_dir, 3)
+                service.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+                assert wait_until(lambda: _reload_failed(service, "cannot lock"), 30), \
+                    service.log_text()[-2000:]
+                assert service.proc.poll() is None  # type: ignore[union-attr]
+                assert agent.call("obh", **handle)["errno"] == 0
+                assert key_id_of(signed_handle_args(agent, "file")) == signer
+                assert _probe(service) == 1
+            finally:
+                resource.prlimit(service.pid, resource.RLIMIT_MEMLOCK, limits)
+            service.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+            assert wait_until(lambda: _probe(service) == 0, 30)
+            assert agent.call("obh", **handle)["errno"] == 0
         finally:
             agent.close()
 

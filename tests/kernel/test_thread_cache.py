@@ -174,3 +174,56 @@ def test_a_target_with_2000_threads_beside_a_neighbour(spawn: Any, world: Any,
     out = json.loads(crowd.proc.stdout.readline())  # type: ignore[union-attr]
     assert set(out["results"]) == {"0"}, out  # every call of every thread answered, right
     assert out["ended_by_until"]
+
+
+@pytest.mark.parametrize("plane", ["native", "python"])
+def test_a_many_threaded_target_holds_only_its_share_of_the_fd_limit(
+        world: Any, tmp_path: Path, plane: str) -> None:
+    """Issue 24 item 10: a target with thousands of threads made fhmon hold 1,024 pidfds
+    for it (the cache's fixed limit), so a few such targets reached the fd limit. Each
+    target now gets its fair share of RLIMIT_NOFILE (soft limit over max_targets, less its
+    other fds), here set to 32 through max_targets; 300 threads calling at once stay
+    within it on both planes, every call answered right."""
+    import json
+    import resource
+    import time
+
+    from monitor.thread_cache import FDS_PER_TARGET_BESIDES_CACHE, cached_threads_per_target
+    from tests.support import Service
+
+    share = 32
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # fhmon serve raises soft to it
+    max_targets = nofile // (share + FDS_PER_TARGET_BESIDES_CACHE)
+    assert cached_threads_per_target(max_targets, nofile) == share
+    config = tmp_path / "fds.toml"
+    config.write_text(f'data_plane = "{plane}"\nmax_targets = {max_targets}\n')
+    threads = 300
+    with Service(world.base, [str(world.shares / "*")], name=f"fd-share-{plane}",
+                 extra=["--config", str(config)]) as service:
+        serving = [e for e in service.events() if e.get("event") == "serving"][-1]
+        assert serving["pidfds_per_target"] == share
+        crowd = Agent(world, "fhmon", world.main, service.socket)
+        stop = world.base / f"stop-fd-share-{plane}"
+        try:
+            baseline = service.fd_count()
+            assert crowd.proc.stdin is not None and crowd.proc.stdout is not None
+            crowd.proc.stdin.write(json.dumps({"op": "hammer", "path": "dir/inner",
+                                               "threads": threads, "until": str(stop),
+                                               "seconds": 120}) + "\n")
+            crowd.proc.stdin.flush()
+            assert wait_until(lambda: len(os.listdir(f"/proc/{crowd.pid}/task")) > threads,
+                              60)
+            most = 0
+            deadline = time.monotonic() + 3  # every thread has called by then, many times
+            while time.monotonic() < deadline:
+                most = max(most, service.fd_count())
+                time.sleep(0.05)
+            # the cache's share, and a few fds of calls in flight (a pidfd not kept, a
+            # duplicate of the call's fd)
+            assert most <= baseline + share + 16, (baseline, most)
+        finally:
+            stop.touch()
+        out = json.loads(crowd.proc.stdout.readline())
+        assert set(out["results"]) == {"0"}, out
+        assert out["ended_by_until"]
+        crowd.close()

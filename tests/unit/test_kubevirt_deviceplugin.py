@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+import stat
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,22 @@ from monitor.kubevirt.deviceplugin import PluginConfig
 from protocol import deviceplugin as api
 
 TIMEOUT = 10.0
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the terminating NUL
+LONGEST_SOCKET = "device-plugins/kubelet.sock"
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Iterator[Path]:
+    """A directory whose sockets fit in sun_path: pytest's tmp_path when it is short enough,
+    else a fresh one under /tmp (a user's long TMPDIR must not fail the suite)."""
+    if len(os.fsencode(tmp_path / LONGEST_SOCKET)) <= SUN_PATH_MAX:
+        yield tmp_path
+        return
+    short = Path(tempfile.mkdtemp(prefix="fhmon-dp-", dir="/tmp"))
+    try:
+        yield short
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
 
 
 class FakeKubelet:
@@ -81,10 +100,10 @@ def listening_socket(path: Path) -> socket.socket:
     return sock
 
 
-def scenario(tmp_path: Path, body: Callable[[FakeKubelet, PluginConfig, Path],
-                                            Awaitable[None]], refuse: int = 0) -> None:
-    plugin_dir = tmp_path / "device-plugins"
-    socket_dir = tmp_path / "fhmon"
+def scenario(base: Path, body: Callable[[FakeKubelet, PluginConfig, Path],
+                                        Awaitable[None]], refuse: int = 0) -> None:
+    plugin_dir = base / "device-plugins"
+    socket_dir = base / "fhmon"
     plugin_dir.mkdir()
     socket_dir.mkdir()
     config = PluginConfig(plugin_dir=str(plugin_dir), socket_dir=str(socket_dir), devices=5,
@@ -105,7 +124,7 @@ def scenario(tmp_path: Path, body: Callable[[FakeKubelet, PluginConfig, Path],
     asyncio.run(main())
 
 
-def test_register_list_and_watch_allocate(tmp_path: Path) -> None:
+def test_register_list_and_watch_allocate(base: Path) -> None:
     async def body(kubelet: FakeKubelet, config: PluginConfig, socket_dir: Path) -> None:
         fhmon = listening_socket(socket_dir / "fhmon.sock")
         registration = await kubelet.next_registration()
@@ -150,10 +169,10 @@ def test_register_list_and_watch_allocate(tmp_path: Path) -> None:
             stream.cancel()
         fhmon.close()
 
-    scenario(tmp_path, body)
+    scenario(base, body)
 
 
-def test_registers_again_after_a_kubelet_restart(tmp_path: Path) -> None:
+def test_registers_again_after_a_kubelet_restart(base: Path) -> None:
     async def body(kubelet: FakeKubelet, config: PluginConfig, socket_dir: Path) -> None:
         first = await kubelet.next_registration()
         # A restarting kubelet empties its device-plugins directory.
@@ -167,15 +186,33 @@ def test_registers_again_after_a_kubelet_restart(tmp_path: Path) -> None:
             assert len(devices) == 5 and {d.health for d in devices} == {"Unhealthy"}
             stream.cancel()
 
-    scenario(tmp_path, body)
+    scenario(base, body)
 
 
-def test_a_refused_registration_is_retried(tmp_path: Path) -> None:
+def test_a_refused_registration_is_retried(base: Path) -> None:
     async def body(kubelet: FakeKubelet, config: PluginConfig, socket_dir: Path) -> None:
         registration = await kubelet.next_registration()
         assert kubelet.refuse == 0 and registration.endpoint == "fhmon.sock"
 
-    scenario(tmp_path, body, refuse=2)
+    scenario(base, body, refuse=2)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000])
+def test_plugin_socket_is_private_whatever_the_umask(base: Path, umask: int) -> None:
+    """grpcio binds with the umask: 0755 under 022, 0777 under 0 (anyone could allocate)."""
+    async def body(kubelet: FakeKubelet, config: PluginConfig, socket_dir: Path) -> None:
+        registration = await kubelet.next_registration()
+        mode = os.stat(Path(config.plugin_dir) / registration.endpoint).st_mode
+        assert stat.S_ISSOCK(mode)
+        assert stat.S_IMODE(mode) == 0o600, f"{stat.S_IMODE(mode):o}"
+        # the process's umask is left as it was
+        assert os.umask(umask) == umask
+
+    previous = os.umask(umask)
+    try:
+        scenario(base, body)
+    finally:
+        os.umask(previous)
 
 
 def test_wire_bytes_match_the_kubelet_proto() -> None:

@@ -575,7 +575,13 @@ def _planted(key_dir: Path, plant: str, name: str) -> Path:
         path.write_text("00" * (signing.MAX_KEY_FILE_BYTES // 2) + "\n")
         path.chmod(0o600)
     elif plant == "dev_null_node":
-        os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        # A device node inside the directory needs mknod (CAP_MKNOD, and no nodev-less user
+        # namespace); a link to /dev/null would test the link check instead (dev_zero does).
+        try:
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("making a device node needs CAP_MKNOD: run the unit suite as root "
+                        "to cover a character device planted in the key directory")
     elif plant == "symlink_out":
         outside = key_dir.parent / "outside.key"
         outside.write_text(signing.key_file_text(bytes(range(32))))
@@ -703,3 +709,19 @@ def test_load_refuses_malformed_key_files(tmp_path: Path, content: str, message:
     _write_signer(directory, "00000001\n")
     with pytest.raises(KeyDirError, match=message):
         KeyRing.load(directory)
+
+
+def test_load_refuses_more_than_max_keys_before_reading_one(tmp_path: Path) -> None:
+    """A documented bound instead of an mlock failure (issue 24 item 8): MAX_KEYS load, one
+    more is refused with a message that says what to do; no key file is read then (the
+    extra one is not even valid)."""
+    directory = _key_dir(tmp_path)
+    for n in range(signing.MAX_KEYS):
+        _write_key(directory, 0x10000000 + n, bytes([n % 256]) * 32)
+    _write_signer(directory, "10000000\n")
+    assert len(KeyRing.load(directory).key_ids) == signing.MAX_KEYS
+    (directory / "1fffffff.key").write_text("not a key")
+    with pytest.raises(KeyDirError, match=f"holds {signing.MAX_KEYS + 1} key files; at most "
+                                          f"{signing.MAX_KEYS} are loaded") as info:
+        KeyRing.load(directory)
+    assert "fhmon key retire" in str(info.value)

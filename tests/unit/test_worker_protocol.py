@@ -25,6 +25,7 @@ def share(**kw: object) -> wire.ShareInfo:
 @pytest.mark.parametrize("message", [
     wire.Start("/etc/fhmon/keys", True, "info", True, False),
     wire.Start("/k", False, "debug", False, True, data_plane="python", data_plane_threads=4),
+    wire.Start("/k", True, "info", True, True, pidfds_per_target=16),
     wire.AddTarget(3, 4242, 4240, 0, 0, "native", share()),
     wire.AddTarget(2**31, 1, 1, 65534, 65534, "oci", share(is_mount_root=True, share_id=b"")),
     wire.AddTarget(5, 6, 7, 0, 0, "native", share(is_mount_root=True, whole_fs=True)),
@@ -68,6 +69,9 @@ def test_a_busy_report_stays_small() -> None:
     b'{"op": "start", "key_dir": "/k", "signing": true, "log_level": "info",'
     b' "drop_capabilities": true, "sandbox": false, "data_plane": "inline",'
     b' "data_plane_threads": 1}',
+    b'{"op": "start", "key_dir": "/k", "signing": true, "log_level": "info",'
+    b' "drop_capabilities": true, "sandbox": false, "data_plane": "native",'
+    b' "data_plane_threads": 1, "pidfds_per_target": 0}',
     b'{"op": "report", "results": [["a", "b", true]], "seconds": {}, "refusals": {},'
     b' "calls": [], "buckets": {}}',
     b'{"op": "report", "results": [], "seconds": {}, "refusals": {}, "calls": [],'
