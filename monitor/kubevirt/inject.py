@@ -76,7 +76,8 @@ def plan_pod(pod: Any, settings: Settings = DEFAULT_SETTINGS) -> list[Op]:
     if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
         return []
     spec = pod["spec"]
-    volumes = {v.get("name"): v for v in as_list(spec.get("volumes")) if isinstance(v, dict)}
+    volumes = {v["name"]: v for v in as_list(spec.get("volumes"))
+               if isinstance(v, dict) and isinstance(v.get("name"), str)}
     pod_seccomp = _seccomp_type(spec.get("securityContext"))
     ops: list[Op] = []
     for index, container in enumerate(as_list(spec.get("containers"))):
@@ -135,6 +136,10 @@ def _pvc_virtiofs_volume(container: Any, volumes: dict[Any, Any]) -> str | None:
     source = volumes.get(volume)
     if not isinstance(source, dict) or not isinstance(source.get("persistentVolumeClaim"), dict):
         return None  # ConfigMap, Secret, DownwardAPI, ServiceAccount...: no handles needed
+    resources = container.get("resources")
+    if resources is not None and not (isinstance(resources, dict) and all(
+            isinstance(resources.get(key), dict | None) for key in ("limits", "requests"))):
+        return None  # not KubeVirt's rendering (nor a pod the API server would take)
     return volume
 
 
