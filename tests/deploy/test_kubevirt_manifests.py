@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from monitor.kubevirt import containers, inject
+from monitor.kubevirt import containers, inject, webhook
 from tests.deploy.flags import ds_socket, run_fhmon
 from tests.deploy.render import K8S_VERSIONS, NAMESPACE, OVERLAYS, key, one, render
 from tests.support.kubevirt import LAUNCHER_POD
@@ -98,6 +98,10 @@ def check_webhook(objs: list[dict[str, Any]]) -> list[str]:
         problems.append("objectSelector is not kubevirt.io: virt-launcher")
     if hook["sideEffects"] != "None" or not 1 <= hook["timeoutSeconds"] <= 10:
         problems.append("sideEffects must be None and timeoutSeconds 1..10")
+    # A review must be read and answered while the API server still waits for it (the
+    # webhook's bounds, monitor/kubevirt/webhook.py, were sized for its 5 s).
+    if webhook.LIMITS.request_timeout > hook["timeoutSeconds"]:
+        problems.append("the webhook's request timeout is longer than timeoutSeconds")
     if hook["failurePolicy"] != "Ignore":
         problems.append("failurePolicy must be Ignore (docs/kubevirt.md)")
     if hook["rules"] != [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
