@@ -51,6 +51,7 @@ RECEIVE_SIZE = 16384
 FD_SHARE = 4
 PACE, SMALL_READ = 0.25, 1024  # see _Connection._read_request
 CLOSE_GRACE = 1.0  # time to flush a last answer (or TLS close_notify) before the fd goes
+REFUSAL_LOG_INTERVAL = 10.0  # at most one log line this often for connections closed at a cap
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,8 @@ async def serve(handler: Handler, address: str, *, name: str, limits: Limits = L
         raise
     server = _Server(handler, name, limits, ssl_context)
     bound = [tuple(listener.socket.getsockname()[:2]) for listener in listeners]
-    log.event(f"{name}_serving", address=address, max_connections=server.cap)
+    log.event(f"{name}_serving", address=address, max_connections=server.cap,
+              max_per_source=server.per_source)
     try:
         async with trio.open_nursery() as nursery:
             for listener in listeners:
@@ -206,6 +208,7 @@ class _Server:
         self.bodies_per_source = max(1, bodies // 2) if limits.max_bodies is not None else bodies
         self.sources: dict[str, _Source] = {}
         self.refused = 0  # connections closed at once: their address was at its cap
+        self._refusal_logged = -REFUSAL_LOG_INTERVAL
 
     async def accept_loop(self, listener: trio.SocketListener,
                           nursery: trio.Nursery) -> None:
@@ -235,6 +238,11 @@ class _Server:
                 self.slots.release()
                 self.refused += 1
                 await trio.aclose_forcefully(stream)
+                now = trio.current_time()
+                if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL:
+                    self._refusal_logged = now
+                    log.event(f"{self.name}_source_at_cap", logging.WARNING,
+                              max_per_source=self.per_source, refused_total=self.refused)
                 continue
             nursery.start_soon(self.connection, stream, source)
 

@@ -56,6 +56,7 @@ ADMISSION_API = "admission.k8s.io/v1"
 MAX_JSON_VALUES = 200_000
 MAX_CONTAINERS = 256
 MAX_PATCH_BYTES = 1 * 2**20
+MAX_UID_CHARS = 128
 
 
 class BadReview(ValueError):
@@ -67,6 +68,12 @@ class Review:
     uid: str
     pod: Any  # request.object; None for operations without one (DELETE, CONNECT)
     operation: str
+
+
+def _short(value: Any) -> str:
+    """A value for a message: its repr, cut (the message is answered and logged)."""
+    text = repr(value) if not isinstance(value, dict | list) else type(value).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def json_values_at_most(body: bytes) -> int:
@@ -92,13 +99,15 @@ def parse_review(body: bytes) -> Review:
         raise BadReview("an AdmissionReview is a JSON object")
     if review.get("apiVersion") != ADMISSION_API or review.get("kind") != "AdmissionReview":
         raise BadReview(f"expected apiVersion {ADMISSION_API} and kind AdmissionReview, got "
-                        f"{review.get('apiVersion')!r} {review.get('kind')!r}")
+                        f"{_short(review.get('apiVersion'))} {_short(review.get('kind'))}")
     request = review.get("request")
     if not isinstance(request, dict):
         raise BadReview("the AdmissionReview has no request")
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
         raise BadReview("request.uid is missing")
+    if len(uid) > MAX_UID_CHARS:  # echoed and logged: an API server sends a UUID
+        raise BadReview(f"request.uid is longer than {MAX_UID_CHARS} characters")
     pod = request.get("object")
     if pod is not None and not isinstance(pod, dict):
         raise BadReview("request.object is not an object")

@@ -321,3 +321,15 @@ def test_any_json_anywhere_in_a_review_is_400_or_allowed(
     if "patch" in answer:
         patched = apply_patch(parsed.pod, json.loads(base64.b64decode(answer["patch"])))
         json.dumps(patched)
+
+
+async def test_what_is_echoed_or_logged_is_short(server: Server) -> None:
+    """The uid is answered and logged, a wrong apiVersion quoted: none may be megabytes."""
+    long_uid = json.loads(review(_launcher_pod()))
+    long_uid["request"]["uid"] = "u" * 100_000
+    long_api = json.loads(review(_launcher_pod()))
+    long_api["apiVersion"] = "v" * 100_000
+    for document, message in ((long_uid, b"uid is longer"), (long_api, b"expected apiVersion")):
+        reply = await server.call("POST", "/mutate", json.dumps(document).encode())
+        assert reply.status == 400 and message in reply.body and len(reply.body) < 300, \
+            reply.body[:100]
