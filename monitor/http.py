@@ -14,9 +14,11 @@ enforces limits, so that nothing a client does on one connection can reach the s
   cannot keep the probes, scrapes or reviews of others waiting in the backlog;
 - a TLS handshake must complete within `handshake_timeout` (a client that never sends its
   ClientHello holds its slot that long, not for the request timeout);
-- with `max_bodies`, at most that many requests hold a body in memory at once (at most half
-  of them from one address), each from its head until its answer is sent, and the body
-  must then arrive, and the answer leave, within `body_timeout` each;
+- with `max_bodies`, at most that many requests hold a body larger than `small_body_bytes`
+  (or of unknown length) in memory at once (at most half of them from one address), each
+  from its head until its answer is sent, and the body must then arrive, and the answer
+  leave, within `body_timeout` each; small bodies (every connection may hold one) never
+  wait behind large ones;
 - a request's head is bounded (431), its body too (413), and the whole request must arrive
   within `request_timeout` (408, then close): a slowloris client holds its slot for that long
   at most; an idle keep-alive connection is closed after `idle_timeout`;
@@ -94,6 +96,7 @@ class Limits:
     handshake_timeout: float = 2.0  # TLS only
     max_per_source: int | None = None  # None: a quarter of the connection cap
     max_bodies: int | None = None  # None: as many as connections
+    small_body_bytes: int = 0  # bodies up to this declared length need no body slot
     body_timeout: float | None = None  # None: request_timeout
 
 
@@ -455,7 +458,8 @@ class _Connection:
                 length = _content_length(event.headers)
                 if length is not None and length > self.limits.max_body_bytes:
                     raise _TooLarge
-                if (length or 0) > 0 or b"transfer-encoding" in names:  # a body follows
+                if ((length or 0) > self.limits.small_body_bytes
+                        or b"transfer-encoding" in names):  # a large body follows
                     await self.bodies.acquire()  # waits within the request's deadline
                     scope = self.request_scope
                     if scope is not None:

@@ -439,3 +439,21 @@ async def test_body_slots_bound_the_bodies_in_memory_and_their_time() -> None:
         for stream in (slow, second, other, probe):
             await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_small_bodies_do_not_wait_behind_large_ones() -> None:
+    limits = Limits(max_body_bytes=1024, request_timeout=30.0, max_bodies=1, body_timeout=20.0,
+                    small_body_bytes=16)
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, HANDLER, "127.0.0.1:0", name="test", limits=limits))
+        port = bound[0][1]
+        large = await connect_from("127.0.0.2", port)
+        await large.send_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{")
+        small = await connect_from("127.0.0.2", port)
+        reply = await get_answer(small, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10"
+                                        b"\r\nConnection: close\r\n\r\n0123456789")
+        assert reply.endswith(b"POST /echo 10")  # while the large body holds the only slot
+        await large.aclose()
+        await small.aclose()
+        nursery.cancel_scope.cancel()
