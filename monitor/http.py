@@ -18,7 +18,9 @@ enforces limits, so that nothing a client does on one connection can reach the s
   (or of unknown length) in memory at once (at most half of them from one address), each
   from its head until its answer is sent, and the body must then arrive, and the answer
   leave, within `body_timeout` each; small bodies (every connection may hold one) never
-  wait behind large ones;
+  wait behind large ones. An answer larger than `small_body_bytes` to a request that holds
+  no slot takes a free one to be sent, or is a 503 when none is free (it is not kept in
+  memory waiting for one);
 - a request's head is bounded (431), its body too (413), and the whole request must arrive
   within `request_timeout` (408, then close): a slowloris client holds its slot for that long
   at most; an idle keep-alive connection is closed after `idle_timeout`;
@@ -333,6 +335,24 @@ class _BodySlots:
             raise
         self.held = True
 
+    def try_acquire(self) -> bool:
+        """Take a slot only if one is free now."""
+        if self.held:
+            return True
+        try:
+            if self.source is not None:
+                self.source.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        try:
+            self.server.acquire_nowait()
+        except trio.WouldBlock:
+            if self.source is not None:
+                self.source.release()
+            return False
+        self.held = True
+        return True
+
     def release(self) -> None:
         if self.held:
             self.held = False
@@ -388,6 +408,12 @@ class _Connection:
             last = served >= self.limits.max_requests_per_connection
             response = await self.answer(request)
             del request  # its body: only the answer stays while it is sent
+            if (self.limits.max_bodies is not None and not self.bodies.held
+                    and len(response.body) > self.limits.small_body_bytes
+                    and not self.bodies.try_acquire()):
+                log.event("http_large_answer_refused", logging.WARNING,
+                          bytes=len(response.body))
+                response = text(503, "busy: too many large answers in flight")
             await self.send(response, close=last)
             self.bodies.release()
             if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:

@@ -259,6 +259,8 @@ def hostile_reviews() -> dict[str, bytes]:
             _compact(review(_minimal_virtiofs_pod(15_000))),
         "250 virtiofs containers with 15 KiB each (a patch over its bound)":
             _compact(review(_minimal_virtiofs_pod(250, env_bytes=15_000))),
+        "256 virtiofs containers in a small review (a large patch to a small body)":
+            _compact(review(_minimal_virtiofs_pod(256))),
     }
     dicts = '{"kind": "Pod", "x": [' + ",".join(["{}"] * 99_000) + '], "pad": "'
     envelope = review({"kind": "Pod"}).decode()
@@ -290,8 +292,8 @@ def _attack_for(process: WebhookProcess, seconds: float, floods: list[ReviewFloo
 def test_webhook_memory_under_concurrent_amplification(tmp_path: Path,
                                                        record: Recorder) -> None:
     """Item 3: six reviews in flight took the webhook to ~700 MiB against its 128Mi limit.
-    Now: four addresses, each with six connections posting the costliest shapes (half of
-    them never reading their answers), while the API server's reviews keep coming."""
+    Now: five addresses, each with six connections posting one of the costliest shapes (some
+    never reading their answers), while the API server's reviews keep coming."""
     shapes = hostile_reviews()
     with webhook_process(tmp_path) as process:
         idle = process.watch.peak()
@@ -320,7 +322,7 @@ def test_webhook_memory_under_concurrent_amplification(tmp_path: Path,
             for status, count in flood.statuses.items():
                 statuses[status] = statuses.get(status, 0) + count
         log = process.log.read_text(errors="replace")
-    record(EXHAUSTION, f"webhook under {sent} hostile reviews from 4 addresses (24 connections:"
+    record(EXHAUSTION, f"webhook under {sent} hostile reviews from 5 addresses (30 connections:"
            f" {', '.join(shapes)}; and 64 silent connections from 4 more), with the "
            f"Deployment's {MEMORY_LIMIT // MiB} MiB limit",
            f"alive, peak RSS within {MEMORY_LIMIT // MiB} MiB",

@@ -457,3 +457,31 @@ async def test_small_bodies_do_not_wait_behind_large_ones() -> None:
         await large.aclose()
         await small.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_large_answer_takes_a_free_body_slot_or_is_a_503() -> None:
+    """Without this, 128 connections of small reviews whose patches are large would hold
+    128 large answers in memory (a client that does not read keeps its answer queued)."""
+    async def large(request: Request) -> Response:
+        return Response(200, b"x" * 100)
+
+    handler = http.route({"/echo": {"POST": echo}, "/large": {"GET": large}})
+    limits = Limits(max_body_bytes=1024, request_timeout=30.0, max_bodies=1, body_timeout=20.0,
+                    small_body_bytes=16)
+    get_large = b"GET /large HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, handler, "127.0.0.1:0", name="test", limits=limits))
+        port = bound[0][1]
+        assert (await get_answer(await connect_from("127.0.0.2", port), get_large)
+                ).startswith(b"HTTP/1.1 200")
+        holder = await connect_from("127.0.0.3", port)
+        await holder.send_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{")
+        await trio.sleep(0.5)  # its head is read: it holds the only slot
+        refused = await get_answer(await connect_from("127.0.0.2", port), get_large)
+        assert refused.startswith(b"HTTP/1.1 503"), refused[:40]
+        await holder.aclose()
+        await trio.sleep(0.5)
+        assert (await get_answer(await connect_from("127.0.0.2", port), get_large)
+                ).startswith(b"HTTP/1.1 200")
+        nursery.cancel_scope.cancel()
