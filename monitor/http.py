@@ -240,9 +240,11 @@ class _Server:
                 # This address holds its share already: close at once (no answer, no
                 # wait), so that its flood drains from the backlog instead of queueing
                 # in front of other clients.
-                self.slots.release()
                 self.refused += 1
-                await trio.aclose_forcefully(stream)
+                try:
+                    await trio.aclose_forcefully(stream)
+                finally:
+                    self.slots.release()  # once the fd is closed
                 now = trio.current_time()
                 if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL:
                     self._refusal_logged = now
