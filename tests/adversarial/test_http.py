@@ -34,6 +34,9 @@ from tests.support.listeners import hello, send_raw
 SLOW_CONNECTIONS = 150
 FLOOD_CONNECTIONS = 300
 LOW_FD_LIMIT = 128  # the HTTP cap becomes 128 // 4 = 32 connections
+# Attacks on the global caps come from ten loopback addresses (the per-address cap would
+# otherwise stop one address long before them).
+ATTACK_ADDRESSES = tuple(f"127.0.1.{i}" for i in range(1, 11))
 
 
 class LimitedService(Service):
@@ -237,7 +240,9 @@ def test_slowloris_neither_holds_fds_nor_delays_calls(metrics_endpoint: Endpoint
     baseline = service.fd_count()
     most = 0
     answers = []
-    with attacking(Attacker(metrics_endpoint.port, SLOW_CONNECTIONS, trickle=True)) as attack:
+    # From ten addresses: each holds at most 16 slots, together they reach the cap of 64.
+    with attacking(Attacker(metrics_endpoint.port, SLOW_CONNECTIONS, trickle=True,
+                            sources=ATTACK_ADDRESSES)) as attack:
         deadline = time.monotonic() + 8  # past the 5 s request timeout
         while time.monotonic() < deadline:
             answers.append(metrics_endpoint.calls_answered())
@@ -266,7 +271,7 @@ def test_connection_flood_at_a_low_fd_limit(small_endpoint: Endpoint,
     most = 0
     answers = []
     with attacking(Attacker(small_endpoint.port, FLOOD_CONNECTIONS, trickle=False,
-                            interval=0.05)) as attack:
+                            interval=0.05, sources=ATTACK_ADDRESSES)) as attack:
         for _ in range(20):
             answers.append(small_endpoint.calls_answered())
             most = max(most, service.fd_count())

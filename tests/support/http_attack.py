@@ -32,6 +32,9 @@ class Attacker:
     trickle: bool
     interval: float = 0.2
     source: str = "127.0.0.1"
+    # Several addresses, taken in turn (a distributed attack: each address holds its own
+    # share of the server's per-address cap).
+    sources: tuple[str, ...] = ()
     opened: int = 0
     timeouts: int = 0  # connections fhmon answered with 408
     dropped: int = 0  # connections fhmon closed without an answer
@@ -47,7 +50,8 @@ class Attacker:
                     s = socket.socket()
                     s.settimeout(0.5)
                     try:
-                        s.bind((self.source, 0))
+                        s.bind((self.sources[self.opened % len(self.sources)]
+                                if self.sources else self.source, 0))
                         s.connect(("127.0.0.1", self.port))
                     except OSError:
                         s.close()
