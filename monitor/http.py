@@ -9,6 +9,18 @@ enforces limits, so that nothing a client does on one connection can reach the s
 - at most `Limits.max_connections` connections are served at once (fewer when the process's
   fd limit is low); beyond the cap nothing is accepted: further connections wait in the
   kernel's listen backlog, so a flood holds no fd of ours and costs no CPU;
+- one client address (an IPv4 address, an IPv6 /64) holds at most `max_per_source` of
+  them: a connection beyond that is closed as soon as it is accepted, so that one attacker
+  cannot keep the probes, scrapes or reviews of others waiting in the backlog;
+- a TLS handshake must complete within `handshake_timeout` (a client that never sends its
+  ClientHello holds its slot that long, not for the request timeout);
+- with `max_bodies`, at most that many requests hold a body larger than `small_body_bytes`
+  (or of unknown length) in memory at once (at most half of them from one address), each
+  from its head until its answer is sent, and the body must then arrive, and the answer
+  leave, within `body_timeout` each; small bodies (every connection may hold one) never
+  wait behind large ones. An answer larger than `small_body_bytes` to a request that holds
+  no slot takes a free one to be sent, or is a 503 when none is free (it is not kept in
+  memory waiting for one);
 - a request's head is bounded (431), its body too (413), and the whole request must arrive
   within `request_timeout` (408, then close): a slowloris client holds its slot for that long
   at most; an idle keep-alive connection is closed after `idle_timeout`;
@@ -19,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import logging
 import resource
 import ssl
@@ -42,6 +55,7 @@ RECEIVE_SIZE = 16384
 FD_SHARE = 4
 PACE, SMALL_READ = 0.25, 1024  # see _Connection._read_request
 CLOSE_GRACE = 1.0  # time to flush a last answer (or TLS close_notify) before the fd goes
+REFUSAL_LOG_INTERVAL = 10.0  # at most one log line this often for connections closed at a cap
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,31 @@ class Limits:
     request_timeout: float = 5.0
     idle_timeout: float = 5.0
     max_requests_per_connection: int = 100
+    handshake_timeout: float = 2.0  # TLS only
+    max_per_source: int | None = None  # None: a quarter of the connection cap
+    max_bodies: int | None = None  # None: as many as connections
+    small_body_bytes: int = 0  # bodies up to this declared length need no body slot
+    body_timeout: float | None = None  # None: request_timeout
+
+
+def per_source_cap(limits: Limits, cap: int) -> int:
+    """The connections one client address may hold of the `cap` served at once."""
+    wanted = limits.max_per_source if limits.max_per_source is not None else cap // 4
+    return max(1, min(cap, wanted))
+
+
+def source_of(address: Any) -> str:
+    """The client address connections are counted by: the IPv4 address (also when it
+    arrives IPv4-mapped), or the IPv6 /64 (one host's addresses usually share it)."""
+    try:
+        ip = ipaddress.ip_address(address[0] if isinstance(address, tuple) else address)
+    except ValueError:
+        return str(address)
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def text(status: int, message: str) -> Response:
@@ -139,7 +178,8 @@ async def serve(handler: Handler, address: str, *, name: str, limits: Limits = L
         raise
     server = _Server(handler, name, limits, ssl_context)
     bound = [tuple(listener.socket.getsockname()[:2]) for listener in listeners]
-    log.event(f"{name}_serving", address=address, max_connections=server.cap)
+    log.event(f"{name}_serving", address=address, max_connections=server.cap,
+              max_per_source=server.per_source)
     try:
         async with trio.open_nursery() as nursery:
             for listener in listeners:
@@ -148,6 +188,14 @@ async def serve(handler: Handler, address: str, *, name: str, limits: Limits = L
     finally:
         for listener in listeners:
             await trio.aclose_forcefully(listener)
+
+
+@dataclass
+class _Source:
+    """What one client address holds: its connections and its share of the body slots."""
+
+    connections: int
+    bodies: trio.Semaphore
 
 
 class _Server:
@@ -159,6 +207,13 @@ class _Server:
         self.ssl_context = ssl_context
         self.cap = connection_cap(limits)
         self.slots = trio.Semaphore(self.cap)  # one per connection being served
+        self.per_source = per_source_cap(limits, self.cap)
+        bodies = self.cap if limits.max_bodies is None else max(1, limits.max_bodies)
+        self.body_slots = trio.Semaphore(bodies)
+        self.bodies_per_source = max(1, bodies // 2) if limits.max_bodies is not None else bodies
+        self.sources: dict[str, _Source] = {}
+        self.refused = 0  # connections closed at once: their address was at its cap
+        self._refusal_logged = -REFUSAL_LOG_INTERVAL
 
     async def accept_loop(self, listener: trio.SocketListener,
                           nursery: trio.Nursery) -> None:
@@ -180,15 +235,62 @@ class _Server:
             except BaseException:
                 self.slots.release()
                 raise
-            nursery.start_soon(self.connection, stream)
+            source = self._admit(stream)
+            if source is None:
+                # This address holds its share already: close at once (no answer, no
+                # wait), so that its flood drains from the backlog instead of queueing
+                # in front of other clients.
+                self.refused += 1
+                try:
+                    await trio.aclose_forcefully(stream)
+                finally:
+                    self.slots.release()  # once the fd is closed
+                now = trio.current_time()
+                if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL:
+                    self._refusal_logged = now
+                    log.event(f"{self.name}_source_at_cap", logging.WARNING,
+                              max_per_source=self.per_source, refused_total=self.refused)
+                continue
+            nursery.start_soon(self.connection, stream, source)
 
-    async def connection(self, stream: trio.SocketStream) -> None:
+    def _admit(self, stream: trio.SocketStream) -> str | None:
+        """The connection's source, counted; None when that source is at its cap."""
+        try:
+            source = source_of(stream.socket.getpeername())
+        except OSError:
+            return None  # already reset by the peer
+        held = self.sources.get(source)
+        if held is None:
+            held = self.sources[source] = _Source(0, trio.Semaphore(self.bodies_per_source))
+        elif held.connections >= self.per_source:
+            return None
+        held.connections += 1
+        return source
+
+    def _leave(self, source: str) -> None:
+        held = self.sources[source]
+        held.connections -= 1
+        if held.connections == 0:
+            del self.sources[source]
+
+    async def connection(self, stream: trio.SocketStream, source: str = "") -> None:
         """Serve one connection; whatever happens on it ends here."""
         transport: trio.abc.Stream = stream
+        handshaken = self.ssl_context is None
         try:
             if self.ssl_context is not None:
-                transport = trio.SSLStream(stream, self.ssl_context(), server_side=True)
-            await _Connection(transport, self.handler, self.limits).run()
+                tls = trio.SSLStream(stream, self.ssl_context(), server_side=True)
+                transport = tls
+                with trio.move_on_after(self.limits.handshake_timeout):
+                    await tls.do_handshake()
+                    handshaken = True
+                if not handshaken:
+                    log.event(f"{self.name}_connection_failed", logging.DEBUG,
+                              error="handshake timeout")
+                    return
+            held = self.sources.get(source)
+            bodies = _BodySlots(held.bodies if held else None, self.body_slots)
+            await _Connection(transport, self.handler, self.limits, bodies).run()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
                 ssl.SSLError) as e:
             log.event(f"{self.name}_connection_failed", logging.DEBUG, error=_describe(e))
@@ -197,15 +299,68 @@ class _Server:
                       error=_describe(e))
         finally:
             try:
-                with trio.move_on_after(CLOSE_GRACE) as closing:
-                    closing.shield = True
-                    with contextlib.suppress(trio.BrokenResourceError,
-                                             trio.ClosedResourceError, OSError, ssl.SSLError):
-                        await transport.aclose()
-                if closing.cancelled_caught:
+                if not handshaken:  # nothing to say over TLS: close the socket now
                     await trio.aclose_forcefully(stream)
+                else:
+                    with trio.move_on_after(CLOSE_GRACE) as closing:
+                        closing.shield = True
+                        with contextlib.suppress(trio.BrokenResourceError,
+                                                 trio.ClosedResourceError, OSError,
+                                                 ssl.SSLError):
+                            await transport.aclose()
+                    if closing.cancelled_caught:
+                        await trio.aclose_forcefully(stream)
             finally:
+                if source in self.sources:
+                    self._leave(source)
                 self.slots.release()  # once the fd is closed
+
+
+class _BodySlots:
+    """A connection's hold on a body slot: its source's share first, then the server's."""
+
+    def __init__(self, source: trio.Semaphore | None, server: trio.Semaphore) -> None:
+        self.source = source
+        self.server = server
+        self.held = False
+
+    async def acquire(self) -> None:
+        if self.held:
+            return
+        if self.source is not None:
+            await self.source.acquire()
+        try:
+            await self.server.acquire()
+        except BaseException:
+            if self.source is not None:
+                self.source.release()
+            raise
+        self.held = True
+
+    def try_acquire(self) -> bool:
+        """Take a slot only if one is free now."""
+        if self.held:
+            return True
+        try:
+            if self.source is not None:
+                self.source.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        try:
+            self.server.acquire_nowait()
+        except trio.WouldBlock:
+            if self.source is not None:
+                self.source.release()
+            return False
+        self.held = True
+        return True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.server.release()
+            if self.source is not None:
+                self.source.release()
 
 
 def _describe(e: BaseException) -> str:
@@ -220,20 +375,32 @@ def _describe(e: BaseException) -> str:
 class _Connection:
     """The request/response cycles of one connection, over h11."""
 
-    def __init__(self, stream: trio.abc.Stream, handler: Handler, limits: Limits) -> None:
+    def __init__(self, stream: trio.abc.Stream, handler: Handler, limits: Limits,
+                 bodies: _BodySlots | None = None) -> None:
         self.stream = stream
         self.handler = handler
         self.limits = limits
+        self.bodies = bodies or _BodySlots(None, trio.Semaphore(1 << 30))
+        self.body_timeout = (limits.request_timeout if limits.body_timeout is None
+                             else limits.body_timeout)
+        self.request_scope: trio.CancelScope | None = None
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
         self.method = b""  # of the request being answered (HEAD gets no body)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.bodies.release()
+
+    async def _run(self) -> None:
         served = 0
         while served < self.limits.max_requests_per_connection:
             request, error = await self.read_request(first=served == 0)
             if request is None and error is None:
                 return  # the client closed, or stayed idle: nothing owed
             if error is not None:
+                self.bodies.release()
                 self.method = b""
                 await self.send(error, close=True)
                 return
@@ -242,7 +409,15 @@ class _Connection:
             served += 1
             last = served >= self.limits.max_requests_per_connection
             response = await self.answer(request)
+            del request  # its body: only the answer stays while it is sent
+            if (self.limits.max_bodies is not None and not self.bodies.held
+                    and len(response.body) > self.limits.small_body_bytes
+                    and not self.bodies.try_acquire()):
+                log.event("http_large_answer_refused", logging.WARNING,
+                          bytes=len(response.body))
+                response = text(503, "busy: too many large answers in flight")
             await self.send(response, close=last)
+            self.bodies.release()
             if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
                 return  # one side asked to close (Connection: close, HTTP/1.0, an error)
             self.h11.start_next_cycle()
@@ -262,7 +437,7 @@ class _Connection:
             if idle.cancelled_caught:
                 return None, None  # idle: close without a word
             deadline = trio.current_time() + limits.request_timeout
-        with trio.move_on_at(deadline):
+        with trio.move_on_at(deadline) as self.request_scope:
             try:
                 return await self._read_request(), None
             except h11.RemoteProtocolError as e:
@@ -311,6 +486,13 @@ class _Connection:
                 length = _content_length(event.headers)
                 if length is not None and length > self.limits.max_body_bytes:
                     raise _TooLarge
+                if ((length or 0) > self.limits.small_body_bytes
+                        or b"transfer-encoding" in names):  # a large body follows
+                    await self.bodies.acquire()  # waits within the request's deadline
+                    scope = self.request_scope
+                    if scope is not None:
+                        scope.deadline = min(scope.deadline,
+                                             trio.current_time() + self.body_timeout)
             elif isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > self.limits.max_body_bytes:
@@ -362,9 +544,12 @@ class _Connection:
         if response.body and self.method != b"HEAD":
             events.append(h11.Data(data=response.body))
         events.append(h11.EndOfMessage())
-        data = b"".join(self.h11.send(event) or b"" for event in events)
-        with trio.move_on_after(self.limits.request_timeout) as sending:
-            await self.stream.send_all(data)
+        # Event by event: a large answer is not copied into one buffer with its head. An
+        # answer that holds a body slot must leave within body_timeout.
+        timeout = self.body_timeout if self.bodies.held else self.limits.request_timeout
+        with trio.move_on_after(timeout) as sending:
+            for event in events:
+                await self.stream.send_all(self.h11.send(event) or b"")
         if sending.cancelled_caught:
             raise trio.BrokenResourceError("the client did not read its answer in time")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, DecimalException
 from typing import Any, Literal
 
 LAUNCHER_DIR = "/var/run/fhmon/launcher"
@@ -161,20 +161,28 @@ _SUFFIXES: dict[str, Decimal | int] = {
 }
 
 
+_MAX_QUANTITY_CHARS = 64
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$")
 
 
 def add_quantity(quantity: Any, extra: int) -> Any:
     """A Kubernetes memory quantity plus at least `extra` bytes, in the same family of
-    suffixes where it can be (80M -> 148M, 80Mi -> 144Mi); unparseable values are left alone.
+    suffixes where it can be (80M -> 148M, 80Mi -> 144Mi); unparseable values are left alone,
+    and so are values no memory limit has (over 10**30 bytes: "1e999999999" would otherwise
+    be a billion-digit integer).
     """
-    match = _QUANTITY.match(str(quantity).strip())
+    if isinstance(quantity, bool) or not isinstance(quantity, str | int | float):
+        return quantity
+    text = str(quantity).strip()
+    match = _QUANTITY.match(text) if len(text) <= _MAX_QUANTITY_CHARS else None
     if match is None:
         return quantity
     suffix = match.group(2)
     try:
         total = Decimal(match.group(1)) * Decimal(_SUFFIXES[suffix])
-    except InvalidOperation:
+    except DecimalException:
+        return quantity
+    if not total.is_finite() or total.adjusted() > 30:
         return quantity
     whole = int(total.to_integral_value(rounding="ROUND_CEILING"))
     if suffix.endswith("i"):

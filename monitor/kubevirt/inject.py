@@ -91,7 +91,8 @@ def plan_pod(pod: Any, settings: Settings = DEFAULT_SETTINGS) -> list[Op]:
     labels = metadata.get("labels")
     by_handle = isinstance(labels, dict) and labels.get(MIGRATION_LABEL) == MIGRATION_BY_HANDLE
     spec = pod["spec"]
-    pod_volumes = {v.get("name"): v for v in as_list(spec.get("volumes")) if isinstance(v, dict)}
+    pod_volumes = {v["name"]: v for v in as_list(spec.get("volumes"))
+                   if isinstance(v, dict) and isinstance(v.get("name"), str)}
     pod_seccomp = _seccomp_profile(spec.get("securityContext"))
     ops: list[Op] = []
     for index, container in enumerate(as_list(spec.get("containers"))):
@@ -175,6 +176,10 @@ def _pvc_virtiofs_volume(container: Any, pod_volumes: dict[Any, Any]) -> str | N
         return None
     if not volumes.qualifies(pod_volumes.get(volume)):
         return None  # ConfigMap, Secret, DownwardAPI, ServiceAccount...: no handles needed
+    resources = container.get("resources")
+    if resources is not None and not (isinstance(resources, dict) and all(
+            isinstance(resources.get(key), dict | None) for key in ("limits", "requests"))):
+        return None  # not KubeVirt's rendering (nor a pod the API server would take)
     return volume
 
 

@@ -8,6 +8,13 @@ cannot or need not change is allowed unchanged). A review it cannot read is a 40
 message; the API server then applies the webhook's failurePolicy. GET /healthz says the
 process serves; GET /readyz says a certificate is loaded and its files still load.
 
+Whatever a review's shape, its cost is bounded (the Deployment's memory limit is 128Mi): a
+body of more JSON values than MAX_JSON_VALUES is a 400 before it is parsed (json.loads
+costs up to ~70 bytes per value), a pod of more than MAX_CONTAINERS containers, or whose
+patch would exceed MAX_PATCH_BYTES, is allowed unchanged with a warning; reviews are
+computed one at a time (trio runs them on one thread, without awaiting) and at most
+LIMITS.max_bodies requests hold a body in memory at once (monitor/http.py).
+
 The serving certificate is re-read when its files change (a cert-manager renewal or a
 kubelet Secret-volume update swaps them), checked on every new connection by stat(): an
 update that is half written (a key that does not match the certificate) keeps the previous
@@ -33,9 +40,26 @@ from monitor.kubevirt.containers import DEFAULT_SETTINGS, Settings
 
 # An AdmissionReview carries the whole Pod (and, for updates, the old one); the API server
 # stores objects of up to 1.5 MiB, so 4 MiB bounds every real review.
-LIMITS = http.Limits(max_connections=64, max_header_bytes=16384, max_body_bytes=4 * 2**20,
-                     request_timeout=10.0, idle_timeout=30.0, max_requests_per_connection=1000)
+# The API server gives the webhook timeoutSeconds (5 s, deploy/components/kubevirt-webhook):
+# a review must arrive within it, a TLS handshake within a fraction of it, and one client
+# address holds at most 16 connections (the API servers are a few addresses, an attacker's
+# pod is another): 8 addresses are needed to fill the 128. Memory, against the 128Mi limit
+# (measured: ~36 MiB idle): a connection costs ~180 KiB with its TLS state (128: 23 MiB),
+# and at most max_bodies bodies over 64 KiB, of up to 4 MiB, are read, held and answered at
+# once (each connection may hold a smaller one: 8 MiB; a virt-launcher pod's review is
+# ~10-30 KiB, so the API server's never wait behind large ones); reviews are parsed in turn
+# (docs/threat-model.md has the budget).
+LIMITS = http.Limits(max_connections=128, max_header_bytes=16384, max_body_bytes=4 * 2**20,
+                     request_timeout=5.0, idle_timeout=30.0, max_requests_per_connection=1000,
+                     handshake_timeout=1.0, max_per_source=16, max_bodies=4, body_timeout=2.0,
+                     small_body_bytes=64 * 1024)
 ADMISSION_API = "admission.k8s.io/v1"
+# Bounds on one review's cost, far above any pod the API server accepts for a VM (a
+# virt-launcher pod has a few dozen containers and a patch of a few KiB per virtiofs one).
+MAX_JSON_VALUES = 200_000
+MAX_CONTAINERS = 256
+MAX_PATCH_BYTES = 1 * 2**20
+MAX_UID_CHARS = 128
 
 
 class BadReview(ValueError):
@@ -49,25 +73,44 @@ class Review:
     operation: str
 
 
+def _short(value: Any) -> str:
+    """A value for a message: its repr, cut (the message is answered and logged)."""
+    text = repr(value) if not isinstance(value, dict | list) else type(value).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def json_values_at_most(body: bytes) -> int:
+    """An upper bound on the JSON values and keys in `body` (every one but the first follows
+    a comma, a colon or an opening bracket; those inside strings count too)."""
+    return (body.count(b",") + body.count(b":") + body.count(b"[") + body.count(b"{") + 1)
+
+
 def parse_review(body: bytes) -> Review:
     """The parts of an AdmissionReview v1 request the webhook uses; BadReview otherwise."""
+    if (values := json_values_at_most(body)) > MAX_JSON_VALUES:
+        raise BadReview(f"the review has up to {values} JSON values, more than the "
+                        f"{MAX_JSON_VALUES} a pod review needs")
     try:
         review = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadReview(f"body is not JSON: {exc}") from None
     except RecursionError:
         raise BadReview("body is not JSON we read: nested too deeply") from None
+    except ValueError as exc:  # an integer beyond Python's int_max_str_digits
+        raise BadReview(f"body is not JSON we read: {exc}") from None
     if not isinstance(review, dict):
         raise BadReview("an AdmissionReview is a JSON object")
     if review.get("apiVersion") != ADMISSION_API or review.get("kind") != "AdmissionReview":
         raise BadReview(f"expected apiVersion {ADMISSION_API} and kind AdmissionReview, got "
-                        f"{review.get('apiVersion')!r} {review.get('kind')!r}")
+                        f"{_short(review.get('apiVersion'))} {_short(review.get('kind'))}")
     request = review.get("request")
     if not isinstance(request, dict):
         raise BadReview("the AdmissionReview has no request")
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
         raise BadReview("request.uid is missing")
+    if len(uid) > MAX_UID_CHARS:  # echoed and logged: an API server sends a UUID
+        raise BadReview(f"request.uid is longer than {MAX_UID_CHARS} characters")
     pod = request.get("object")
     if pod is not None and not isinstance(pod, dict):
         raise BadReview("request.object is not an object")
@@ -75,17 +118,49 @@ def parse_review(body: bytes) -> Review:
     return Review(uid, pod, operation if isinstance(operation, str) else "")
 
 
+class _Unchanged(Exception):
+    """The pod is allowed unchanged; the message (a warning for the API client) says why."""
+
+
 def review_response(review: Review, settings: Settings) -> dict[str, Any]:
-    """allowed: true, with the patch when the pod has something for fhmon."""
+    """allowed: true, with the patch when the pod has something for fhmon.
+
+    Only a CREATE (the exact string) is patched: any other operation, or none, is allowed
+    unchanged. A pod beyond this webhook's bounds is allowed unchanged with a warning.
+    """
     response: dict[str, Any] = {"uid": review.uid, "allowed": True}
-    if review.operation in ("CREATE", "") and review.pod is not None and (
+    if review.operation == "CREATE" and review.pod is not None and (
             review.pod.get("kind", "Pod") == "Pod"):
-        patch = inject.pod_patch(review.pod, settings)
-        if patch:
-            response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(
-                json.dumps(patch, separators=(",", ":")).encode()).decode("ascii")
+        try:
+            patch = _bounded_patch(review.pod, settings)
+        except _Unchanged as why:
+            log.event("webhook_pod_unchanged", logging.WARNING, uid=review.uid, reason=str(why))
+            response["warnings"] = [f"fhmon: pod left unchanged: {why}"]
+        else:
+            if patch:
+                response["patchType"] = "JSONPatch"
+                response["patch"] = base64.b64encode(patch).decode("ascii")
     return {"apiVersion": ADMISSION_API, "kind": "AdmissionReview", "response": response}
+
+
+def _bounded_patch(pod: dict[str, Any], settings: Settings) -> bytes:
+    """The pod's JSON Patch as compact JSON (b"" for none), within MAX_CONTAINERS and
+    MAX_PATCH_BYTES; _Unchanged beyond them. Operations are serialised one by one so that a
+    patch over the bound is given up before it is all in memory."""
+    spec = pod.get("spec")
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    if isinstance(containers, list) and len(containers) > MAX_CONTAINERS:
+        raise _Unchanged(f"{len(containers)} containers, more than the {MAX_CONTAINERS} "
+                         "this webhook looks at")
+    pieces: list[bytes] = []
+    size = 2
+    for op in inject.plan_pod(pod, settings):
+        piece = json.dumps(op.as_json_patch(), separators=(",", ":")).encode()
+        size += len(piece) + 1
+        if size > MAX_PATCH_BYTES:
+            raise _Unchanged(f"its patch would exceed {MAX_PATCH_BYTES} bytes")
+        pieces.append(piece)
+    return b"[" + b",".join(pieces) + b"]" if pieces else b""
 
 
 def make_handler(settings: Settings, certificates: CertificateFiles) -> http.Handler:
@@ -100,6 +175,13 @@ def make_handler(settings: Settings, certificates: CertificateFiles) -> http.Han
         except RecursionError:  # an object nested deeper than the API server would send
             log.event("webhook_bad_review", logging.WARNING, error="nested too deeply")
             return http.text(400, "request.object is nested too deeply")
+        except Exception:
+            # A pod shape the plan does not expect is a bug of ours (the property test in
+            # tests/unit/test_kubevirt_webhook.py looks for them), but the pod itself is
+            # allowed unchanged, as failurePolicy: Ignore would: fhmon is not a gate.
+            log.event("webhook_review_failed", logging.ERROR, exc_info=True, uid=review.uid)
+            answer = {"apiVersion": ADMISSION_API, "kind": "AdmissionReview",
+                      "response": {"uid": review.uid, "allowed": True}}
         patched = "patch" in answer["response"]
         log.event("webhook_reviewed", logging.DEBUG, uid=review.uid, patched=patched)
         return Response(200, json.dumps(answer).encode(), content_type="application/json")

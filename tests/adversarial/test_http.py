@@ -34,6 +34,9 @@ from tests.support.listeners import hello, send_raw
 SLOW_CONNECTIONS = 150
 FLOOD_CONNECTIONS = 300
 LOW_FD_LIMIT = 128  # the HTTP cap becomes 128 // 4 = 32 connections
+# Attacks on the global caps come from ten loopback addresses (the per-address cap would
+# otherwise stop one address long before them).
+ATTACK_ADDRESSES = tuple(f"127.0.1.{i}" for i in range(1, 11))
 
 
 class LimitedService(Service):
@@ -237,7 +240,9 @@ def test_slowloris_neither_holds_fds_nor_delays_calls(metrics_endpoint: Endpoint
     baseline = service.fd_count()
     most = 0
     answers = []
-    with attacking(Attacker(metrics_endpoint.port, SLOW_CONNECTIONS, trickle=True)) as attack:
+    # From ten addresses: each holds at most 16 slots, together they reach the cap of 64.
+    with attacking(Attacker(metrics_endpoint.port, SLOW_CONNECTIONS, trickle=True,
+                            sources=ATTACK_ADDRESSES)) as attack:
         deadline = time.monotonic() + 8  # past the 5 s request timeout
         while time.monotonic() < deadline:
             answers.append(metrics_endpoint.calls_answered())
@@ -266,7 +271,7 @@ def test_connection_flood_at_a_low_fd_limit(small_endpoint: Endpoint,
     most = 0
     answers = []
     with attacking(Attacker(small_endpoint.port, FLOOD_CONNECTIONS, trickle=False,
-                            interval=0.05)) as attack:
+                            interval=0.05, sources=ATTACK_ADDRESSES)) as attack:
         for _ in range(20):
             answers.append(small_endpoint.calls_answered())
             most = max(most, service.fd_count())
@@ -284,6 +289,45 @@ def test_connection_flood_at_a_low_fd_limit(small_endpoint: Endpoint,
            f"scrape {small_endpoint.scrape()}, fhmon "
            f"{'alive' if service.proc.poll() is None else 'EXITED'}")  # type: ignore[union-attr]
 
+
+
+PROBE_ATTACK_CONNECTIONS = 600
+PROBE_TIMEOUT = 3.0  # a generous kubelet probe timeoutSeconds
+
+
+def probe_within(port: int, path: str, timeout: float) -> str:
+    """A kubelet-style HTTP probe from 127.0.0.1: "200" when answered in time."""
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            status = int(r.status)
+    except OSError as exc:
+        return f"unanswered ({type(exc).__name__} after {time.monotonic() - started:.1f} s)"
+    took = time.monotonic() - started
+    return str(status) if took <= timeout else f"{status} after {took:.1f} s"
+
+
+def test_probes_answer_while_another_address_holds_slow_connections(
+        metrics_endpoint: Endpoint, record: Recorder) -> None:
+    """Issue 24 item 7 (R7): 600 slowloris connections to the metrics port left /healthz
+    unanswered for 5 s, long enough for a kubelet HTTP liveness probe to restart fhmon. The
+    attacker's pod has another address than the kubelet: it holds its share of the slots."""
+    port = metrics_endpoint.port
+    probes: list[str] = []
+    with attacking(Attacker(port, PROBE_ATTACK_CONNECTIONS, trickle=True,
+                            source="127.0.0.2")) as attack:
+        deadline = time.monotonic() + 8  # past the 5 s request timeout
+        while time.monotonic() < deadline:
+            probes.append(probe_within(port, "/healthz", PROBE_TIMEOUT))
+            probes.append(probe_within(port, "/readyz", PROBE_TIMEOUT))
+            time.sleep(0.2)
+        calls = metrics_endpoint.calls_answered()
+    record.every(EXHAUSTION, f"metrics endpoint: {PROBE_ATTACK_CONNECTIONS} slowloris "
+                 f"connections from another address ({attack.opened} opened, "
+                 f"{attack.dropped} closed unanswered at the per-address cap): /healthz and "
+                 f"/readyz within {PROBE_TIMEOUT:.0f} s", "200", probes)
+    record(EXHAUSTION, "metrics endpoint: a target's calls during that attack", "answered",
+           calls)
 
 # --- metric cardinality: a filter of the client's own that traps any syscall number -------
 

@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from monitor.kubevirt import containers, inject
+from monitor.kubevirt import containers, inject, webhook
 from tests.deploy.flags import ds_socket, run_fhmon
 from tests.deploy.render import K8S_VERSIONS, NAMESPACE, OVERLAYS, key, one, render
 from tests.support.kubevirt import LAUNCHER_POD
@@ -105,6 +105,11 @@ def check_webhook(objs: list[dict[str, Any]]) -> list[str]:
                                 "apiVersions": ["v1"], "resources": ["pods"],
                                 "scope": "Namespaced"}]:
             problems.append("the rules must be pod CREATE only")
+    # A review must be read and answered while the API server still waits for it (the
+    # webhook's bounds, monitor/kubevirt/webhook.py, were sized for its 5 s).
+    for config in (hook, gate):
+        if webhook.LIMITS.request_timeout > config["timeoutSeconds"]:
+            problems.append("the webhook's request timeout is longer than timeoutSeconds")
     if hook["failurePolicy"] != "Ignore":
         problems.append("failurePolicy must be Ignore (docs/kubevirt.md)")
     if gate["failurePolicy"] != "Fail":

@@ -1,11 +1,17 @@
-"""Attacks on fhmon's HTTP endpoint that the adversarial suite and bench/http_load share:
-connections held open (slowloris or flood) from a thread, on a free loopback port."""
+"""Attacks on fhmon's HTTP endpoints that the adversarial suite and bench/http_load share:
+connections held open (slowloris, flood, silent TLS clients) and floods of large
+AdmissionReviews, from threads, on loopback. An attack can come from another loopback
+address (127.0.0.2, ...) than the client it must not starve, as an attacker's pod has
+another address than the kubelet or the API server."""
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
+import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 
 
@@ -25,6 +31,10 @@ class Attacker:
     count: int
     trickle: bool
     interval: float = 0.2
+    source: str = "127.0.0.1"
+    # Several addresses, taken in turn (a distributed attack: each address holds its own
+    # share of the server's per-address cap).
+    sources: tuple[str, ...] = ()
     opened: int = 0
     timeouts: int = 0  # connections fhmon answered with 408
     dropped: int = 0  # connections fhmon closed without an answer
@@ -40,6 +50,8 @@ class Attacker:
                     s = socket.socket()
                     s.settimeout(0.5)
                     try:
+                        s.bind((self.sources[self.opened % len(self.sources)]
+                                if self.sources else self.source, 0))
                         s.connect(("127.0.0.1", self.port))
                     except OSError:
                         s.close()
@@ -72,3 +84,76 @@ class Attacker:
         finally:
             for s in socks:
                 s.close()
+
+
+def tls_client_context() -> ssl.SSLContext:
+    """An attacker does not check the server's certificate."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def post_request(path: str, body: bytes) -> bytes:
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n" % (path.encode(), len(body))
+            + body)
+
+
+@dataclass
+class ReviewFlood:
+    """`connections` threads that each POST `body` over TLS from `source`, again and again;
+    with `read_answers` False they never read the answer (they close after `hold` seconds
+    or when the server closes)."""
+
+    port: int
+    body: bytes
+    connections: int
+    source: str = "127.0.0.2"
+    read_answers: bool = True
+    hold: float = 3.0
+    path: str = "/mutate"
+    sent: int = 0
+    failed: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> None:
+        request = post_request(self.path, self.body)
+        for _ in range(self.connections):
+            thread = threading.Thread(target=self._loop, args=(request,), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(15)
+
+    def _loop(self, request: bytes) -> None:
+        context = tls_client_context()
+        while not self.stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=10,
+                                              source_address=(self.source, 0)) as raw, \
+                        context.wrap_socket(raw) as tls:
+                    tls.sendall(request)
+                    self.sent += 1
+                    if self.read_answers:
+                        answer = bytearray()
+                        while chunk := tls.recv(65536):
+                            answer += chunk
+                        status = bytes(answer[9:12]).decode(errors="replace") or "closed"
+                        self.statuses[status] = self.statuses.get(status, 0) + 1
+                    else:
+                        deadline = time.monotonic() + self.hold
+                        raw.settimeout(0.2)
+                        while time.monotonic() < deadline and not self.stop.is_set():
+                            with contextlib.suppress(TimeoutError):
+                                readable, _, _ = select.select([raw], [], [], 0.2)
+                                if readable and not raw.recv(1, socket.MSG_PEEK):
+                                    break
+            except (OSError, ssl.SSLError):
+                self.failed += 1
+                time.sleep(0.05)

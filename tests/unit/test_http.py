@@ -330,3 +330,158 @@ async def test_tls_per_connection_context_and_plain_clients_on_a_tls_port(
             await stream.aclose()
         assert len(made) == 3
         nursery.cancel_scope.cancel()
+
+
+# --- per-address caps, handshake and body deadlines (issue 24, items 4, 3 and 7) ----------
+
+
+def test_sources_and_their_cap() -> None:
+    assert http.source_of(("127.0.0.2", 5000)) == "127.0.0.2"
+    assert http.source_of(("::ffff:10.1.2.3", 5000, 0, 0)) == "10.1.2.3"
+    assert http.source_of(("2001:db8:1:2:aaaa::1", 5000, 0, 0)) == "2001:db8:1:2::/64"
+    assert http.source_of(("2001:db8:1:2:bbbb::7", 1, 0, 0)) == "2001:db8:1:2::/64"
+    assert http.per_source_cap(Limits(), 64) == 16
+    assert http.per_source_cap(Limits(max_per_source=100), 64) == 64
+    assert http.per_source_cap(Limits(max_per_source=0), 64) == 1
+
+
+async def connect_from(source: str, port: int) -> trio.SocketStream:
+    sock = trio.socket.socket()
+    await sock.bind((source, 0))
+    await sock.connect(("127.0.0.1", port))
+    return trio.SocketStream(sock)
+
+
+async def closed_without_answer(stream: trio.abc.Stream, within: float) -> bool:
+    with trio.move_on_after(within):
+        with contextlib.suppress(trio.BrokenResourceError):
+            return await stream.receive_some() == b""
+        return True
+    return False
+
+
+async def get_answer(stream: trio.abc.Stream, data: bytes) -> bytes:
+    await stream.send_all(data)
+    received = b""
+    with trio.fail_after(10), contextlib.suppress(trio.BrokenResourceError):
+        while chunk := await stream.receive_some():
+            received += chunk
+    return received
+
+
+CLOSE_GET = b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
+async def test_one_address_holds_at_most_its_share_of_the_connections() -> None:
+    limits = Limits(max_connections=8, max_per_source=2, request_timeout=5.0)
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, HANDLER, "127.0.0.1:0", name="test", limits=limits))
+        port = bound[0][1]
+        held = [await connect_from("127.0.0.2", port) for _ in range(2)]
+        extra = await connect_from("127.0.0.2", port)
+        # Beyond its share, closed at once (not after the request timeout) ...
+        assert await closed_without_answer(extra, within=2.0)
+        # ... while the held ones stay open and another address is served.
+        other = await connect_from("127.0.0.3", port)
+        assert (await get_answer(other, CLOSE_GET)).startswith(b"HTTP/1.1 200")
+        assert (await get_answer(held[0], CLOSE_GET)).startswith(b"HTTP/1.1 200")
+        # A slot given back is the address's again.
+        again = await connect_from("127.0.0.2", port)
+        assert (await get_answer(again, CLOSE_GET)).startswith(b"HTTP/1.1 200")
+        for stream in (*held, extra, other, again):
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_silent_tls_client_is_closed_after_the_handshake_timeout(
+        tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    limits = Limits(request_timeout=30.0, handshake_timeout=0.5)
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, HANDLER, "127.0.0.1:0", name="test", limits=limits,
+            ssl_context=lambda: context))
+        silent = await connect_from("127.0.0.2", bound[0][1])
+        started = trio.current_time()
+        assert await closed_without_answer(silent, within=10.0)
+        assert trio.current_time() - started < limits.request_timeout / 2
+        await silent.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_body_slots_bound_the_bodies_in_memory_and_their_time() -> None:
+    """max_bodies=2, one per address: a body that trickles holds its slot for body_timeout
+    at most (then 408); a request without a body never waits for one."""
+    body_timeout = 3.0
+    limits = Limits(max_body_bytes=1024, request_timeout=30.0, max_bodies=2,
+                    body_timeout=body_timeout)
+    post = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\nConnection: close\r\n\r\n"
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, HANDLER, "127.0.0.1:0", name="test", limits=limits))
+        port = bound[0][1]
+        slow = await connect_from("127.0.0.2", port)
+        await slow.send_all(post + b"{")  # holds 127.0.0.2's body slot
+        second = await connect_from("127.0.0.2", port)
+        await second.send_all(post + b"0123456789")  # waits for 127.0.0.2's share
+        started = trio.current_time()
+        other = await connect_from("127.0.0.3", port)  # the other slot: answered now
+        assert (await get_answer(other, post + b"0123456789")).endswith(b"POST /echo 10")
+        probe = await connect_from("127.0.0.3", port)
+        assert (await get_answer(probe, CLOSE_GET)).startswith(b"HTTP/1.1 200")
+        assert trio.current_time() - started < body_timeout  # not behind the slow body
+        assert (await get_answer(slow, b"")).startswith(b"HTTP/1.1 408")
+        assert trio.current_time() - started < limits.request_timeout / 2
+        assert (await get_answer(second, b"")).endswith(b"POST /echo 10")
+        for stream in (slow, second, other, probe):
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_small_bodies_do_not_wait_behind_large_ones() -> None:
+    limits = Limits(max_body_bytes=1024, request_timeout=30.0, max_bodies=1, body_timeout=20.0,
+                    small_body_bytes=16)
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, HANDLER, "127.0.0.1:0", name="test", limits=limits))
+        port = bound[0][1]
+        large = await connect_from("127.0.0.2", port)
+        await large.send_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{")
+        small = await connect_from("127.0.0.2", port)
+        reply = await get_answer(small, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10"
+                                        b"\r\nConnection: close\r\n\r\n0123456789")
+        assert reply.endswith(b"POST /echo 10")  # while the large body holds the only slot
+        await large.aclose()
+        await small.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_large_answer_takes_a_free_body_slot_or_is_a_503() -> None:
+    """Without this, 128 connections of small reviews whose patches are large would hold
+    128 large answers in memory (a client that does not read keeps its answer queued)."""
+    async def large(request: Request) -> Response:
+        return Response(200, b"x" * 100)
+
+    handler = http.route({"/echo": {"POST": echo}, "/large": {"GET": large}})
+    limits = Limits(max_body_bytes=1024, request_timeout=30.0, max_bodies=1, body_timeout=20.0,
+                    small_body_bytes=16)
+    get_large = b"GET /large HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, handler, "127.0.0.1:0", name="test", limits=limits))
+        port = bound[0][1]
+        assert (await get_answer(await connect_from("127.0.0.2", port), get_large)
+                ).startswith(b"HTTP/1.1 200")
+        holder = await connect_from("127.0.0.3", port)
+        await holder.send_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{")
+        await trio.sleep(0.5)  # its head is read: it holds the only slot
+        refused = await get_answer(await connect_from("127.0.0.2", port), get_large)
+        assert refused.startswith(b"HTTP/1.1 503"), refused[:40]
+        await holder.aclose()
+        await trio.sleep(0.5)
+        assert (await get_answer(await connect_from("127.0.0.2", port), get_large)
+                ).startswith(b"HTTP/1.1 200")
+        nursery.cancel_scope.cancel()
