@@ -22,6 +22,7 @@ import hmac
 import logging
 import os
 import re
+import select
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -113,6 +114,9 @@ def check_registration(listener_fd: int, claim: TargetClaim, share_path: str, pe
         if len(registered) >= config.max_targets:
             raise RegistrationRefused("too many targets", errno.EAGAIN)
         restored = peer_credentials is not None
+        if restored and _hung_up(listener_fd):  # its pid may name another process by now
+            raise RegistrationRefused("the listener's filter has no task left (its target "
+                                      "exited)", errno.ESRCH)
         if not restored and peer.pid <= 0:
             raise RegistrationRefused("fhmon cannot see the client's process (fhmon must run "
                                       "in the host's pid namespace)", errno.EPERM)
@@ -163,6 +167,12 @@ def check_registration(listener_fd: int, claim: TargetClaim, share_path: str, pe
     finally:
         if target_pidfd is not None:
             close_quietly(target_pidfd)
+
+
+def _hung_up(listener_fd: int) -> bool:
+    poller = select.poll()
+    poller.register(listener_fd, select.POLLIN)
+    return any(events & (select.POLLHUP | select.POLLERR) for _, events in poller.poll(0))
 
 
 def _identify(claim: TargetClaim, peer: PeerCred, trusted: bool) -> tuple[int, int]:
