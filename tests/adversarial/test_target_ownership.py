@@ -12,9 +12,11 @@ in fhmon's own pid and user namespaces, and a refusal names no process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +25,7 @@ from typing import Any
 import pytest
 
 from protocol import native
-from tests.adversarial.common import REGISTRATION, errname
+from tests.adversarial.common import REGISTRATION, errname, run_as_nobody
 from tests.adversarial.recording import Recorder
 from tests.adversarial.test_registration import hostile, told
 from tests.support import NOBODY, Runner, Service, World
@@ -137,3 +139,64 @@ def test_a_root_client_in_its_own_pid_namespace_is_not_the_hosts_root(
                "ACCEPT", type(own).__name__.upper())
     finally:
         victim.close()
+
+
+VICTIM_PARENT = ("import sys\n"
+                 "from monitor import seccomp_filter\n"
+                 f"pid, fd, channel = seccomp_filter.fork_under_filter(({NOBODY}, {NOBODY}))\n"
+                 "channel.detach()\n"
+                 "print(pid, flush=True)\n"
+                 "sys.stdin.read()\n")
+
+
+def start_at_pid(pid: int, argv: list[str], attempts: int = 200) -> subprocess.Popen[str]:
+    """Start argv as process `pid` (free again), through /proc/sys/kernel/ns_last_pid;
+    other processes forking meanwhile may take it first: try again."""
+    for _ in range(attempts):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+            last.write(str(pid - 1))
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, cwd=str(REPO))
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    pytest.fail(f"pid {pid} was never free for us in {attempts} attempts")
+
+
+@pytest.mark.finding(OWNERSHIP_TITLE, OWNERSHIP_FIX)
+def test_a_client_whose_pid_went_to_another_process_proves_nothing(
+        tenant_fhmon: Service, world: World, unprivileged: Runner, record: Recorder) -> None:
+    """uid 65534 connects and exits, leaving the connection to its child; its pid goes to
+    another tenant's launcher (root), whose filtered child of uid 65534 is then named: the
+    PPid matches the connection's SO_PEERCRED pid, but that pid is not the client's any
+    more (SO_PEERPIDFD says so)."""
+    client = subprocess.Popen([*unprivileged.python, "-m", "tests.adversarial.orphaned_client",
+                               tenant_fhmon.socket, str(world.main)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd="/", env=unprivileged.env,
+                              **run_as_nobody())
+    assert client.stdout is not None and client.stdin is not None
+    victim: subprocess.Popen[str] | None = None
+    target = 0
+    try:
+        peer = json.loads(client.stdout.readline())["peer"]
+        client.wait(timeout=30)  # the connection's owner is gone; its child holds it
+        victim = start_at_pid(peer, [sys.executable, "-c", VICTIM_PARENT])
+        assert victim.stdout is not None
+        target = int(victim.stdout.readline())
+        client.stdin.write(f"{target}\n")
+        client.stdin.flush()
+        result = json.loads(client.stdout.readline())
+        record(REGISTRATION, "uid 65534 connects, leaves the connection to its child and "
+               "exits; its pid goes to another tenant's launcher, whose filtered child the "
+               "connection then names", "REFUSE ESRCH ('the client exited')", told(result),
+               ok=(result["kind"] == "refuse" and result["errno"] == 3
+                   and "the client exited" in result["reason"]))
+    finally:
+        client.kill()
+        if target:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target, signal.SIGKILL)
+        if victim is not None:
+            victim.kill()
+            victim.wait()
