@@ -130,14 +130,14 @@ def check_registration(listener_fd: int, claim: TargetClaim, share_path: str, pe
         except Exception:
             raise RegistrationRefused("the target or the client was not found (has it "
                                       "exited?)", errno.ESRCH) from None
-        if not (restored or host_root) and peer.pid not in (pid, parent):
-            raise RegistrationRefused(NOT_THE_CLIENTS, errno.EPERM)
         # What /proc said was about the processes the pidfds name (no pid was reused)
         if _pidfd_pids(target_pidfd)[:1] != (pid,) or target_status.tgid != pid:
             raise RegistrationRefused("the target is not a live process (it exited, or is a "
                                       "thread)", errno.ESRCH)
         if not restored and not _client_still_connected(peer_pidfd, peer.pid):
             raise RegistrationRefused("the client exited", errno.ESRCH)
+        if not (restored or host_root) and peer.pid not in (pid, parent):
+            raise RegistrationRefused(NOT_THE_CLIENTS, errno.EPERM)
         if claim.pidfd is not None and claim.pid != 0 and claim.pid != _pid_seen_by(
                 target_pidfd, peer.pid):
             raise RegistrationRefused("the HELLO's target pid is not the pid of the pidfd "
