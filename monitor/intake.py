@@ -15,7 +15,7 @@ import logging
 import math
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import trio
@@ -24,6 +24,7 @@ from monitor import fdpass, log
 from monitor.calls import PeerCred
 from monitor.config import Config
 from monitor.fdpass import close_quietly
+from monitor.registration import PEER_GONE
 from protocol import native, oci
 from protocol.intake import Action, IntakeConversation, Phase, Step
 
@@ -44,10 +45,12 @@ class Registrar(Protocol):
     def status_page(self, after: int) -> native.StatusReply: ...
 
     def register_native(self, hello: native.Hello, fds: list[int], peer: PeerCred,
-                        nursery: trio.Nursery) -> native.Accept | native.Refuse: ...
+                        nursery: trio.Nursery,
+                        peer_pidfd: int | None = None) -> native.Accept | native.Refuse: ...
 
     def register_oci(self, peer: PeerCred, state: oci.ContainerProcessState,
-                     fds: list[int], nursery: trio.Nursery) -> None: ...
+                     fds: list[int], nursery: trio.Nursery,
+                     peer_pidfd: int | None = None) -> None: ...
 
     def count_registration(self, outcome: str) -> None: ...
 
@@ -184,7 +187,8 @@ class Intake:
                     registration = await _read_oci(conn, data, fds)
                     if registration is not None:
                         state, fds = registration
-                        self._registrar.register_oci(peer, state, fds, nursery)
+                        with peer_pidfd(conn) as client:
+                            self._registrar.register_oci(peer, state, fds, nursery, client)
             if scope.cancelled_caught:
                 self._registrar.count_registration("timeout")
                 log.event("registration_refused", logging.WARNING, peer_pid=peer.pid,
@@ -217,7 +221,7 @@ class Intake:
                         for fd in fds:
                             close_quietly(fd)
                         fds.clear()
-                    reply = self._perform(step, message, fds, peer, nursery)
+                    reply = self._perform(step, message, fds, peer, nursery, conn)
                     if step.action is Action.REGISTER:
                         conversation.registration_settled(isinstance(reply, native.Accept))
                         if not conversation.timed:  # registered: the launcher's for good
@@ -244,7 +248,8 @@ class Intake:
                 return
 
     def _perform(self, step: Step, message: native.Message, fds: list[int], peer: PeerCred,
-                 nursery: trio.Nursery) -> native.Message | None:
+                 nursery: trio.Nursery,
+                 conn: trio.socket.SocketType) -> native.Message | None:
         match step.action:
             case Action.PONG:
                 return self._registrar.pong()
@@ -255,7 +260,9 @@ class Intake:
                 assert isinstance(message, native.Hello)
                 received = list(fds)
                 fds.clear()  # the registrar owns them now, whatever it answers
-                return self._registrar.register_native(message, received, peer, nursery)
+                with peer_pidfd(conn) as client:
+                    return self._registrar.register_native(message, received, peer, nursery,
+                                                           client)
             case Action.REFUSE:
                 return native.Refuse(step.errno, step.reason)
             case Action.IGNORE | Action.CLOSE:
@@ -268,6 +275,27 @@ def peer_cred(conn: trio.socket.SocketType) -> PeerCred:
     raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
     return PeerCred(pid, uid, gid)
+
+
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5+
+
+
+@contextlib.contextmanager
+def peer_pidfd(conn: trio.socket.SocketType) -> Iterator[int | None]:
+    """A pidfd of the process that connected (SO_PEERPIDFD), for the block: the
+    registration checks that the process it reads at the client's pid is still that one.
+    registration.PEER_GONE if the kernel says the client has exited; None on a kernel
+    without SO_PEERPIDFD (the check is then skipped)."""
+    try:
+        fd: int | None = struct.unpack("i", conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD,
+                                                            4))[0]
+    except OSError as exc:
+        fd = None if exc.errno in (errno.ENOPROTOOPT, errno.EOPNOTSUPP) else PEER_GONE
+    try:
+        yield fd
+    finally:
+        if fd is not None and fd >= 0:
+            close_quietly(fd)
 
 
 async def recv_with_fds(conn: trio.socket.SocketType, fds: list[int]) -> tuple[bytes, list[int]]:

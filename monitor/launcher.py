@@ -222,16 +222,24 @@ class Registration:
             self.sock = None
 
     async def register(self) -> native.Message:
-        """Connect, send HELLO with the listener, return the answer (connection kept)."""
+        """Connect, send HELLO with the listener and the child's pidfd, return the answer
+        (connection kept)."""
         self.close()
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             await sock.connect(self.socket_path)
             server_is_root(sock, self.socket_path)  # before the listener leaves this process
+            # The child's pidfd proves to fhmon which process the target is, in whatever
+            # pid namespace this launcher runs (self.pid is only this namespace's pid).
             hello = native.encode(native.Hello(self.pid, self.share,
                                                f"fhmon-launch/{os.getpid()}",
+                                               flags=native.HELLO_TARGET_PIDFD,
                                                share_id=self.share_id))
-            await sock.sendmsg([hello], fdpass.rights([self.listener]))
+            pidfd = os.pidfd_open(self.pid)
+            try:
+                await sock.sendmsg([hello], fdpass.rights([self.listener, pidfd]))
+            finally:
+                os.close(pidfd)
             decoder = native.FrameDecoder()
             while (message := decoder.next_message()) is None:
                 data = await sock.recv(65536)

@@ -35,7 +35,12 @@ from monitor.metrics import CallStats
 from monitor.policy import RegistrationRefused
 from monitor.proc_status import Credentials
 from monitor.prom import Metrics
-from monitor.registration import check_registration, hello_listener, oci_listener
+from monitor.registration import (
+    TargetClaim,
+    check_registration,
+    hello_listener,
+    oci_listener,
+)
 from monitor.signing import KeyDirError, KeyRing
 from monitor.stuck_calls import restart_stuck_calls_of
 from monitor.thread_cache import ThreadCache, cached_threads_per_target
@@ -184,11 +189,14 @@ class Service:
         self.stats.registrations[outcome] += 1
 
     def register_native(self, hello: native.Hello, fds: list[int], peer: PeerCred,
-                        nursery: trio.Nursery) -> native.Accept | native.Refuse:
-        """A HELLO and the fds that came with it (all of them ours to keep or close)."""
+                        nursery: trio.Nursery,
+                        peer_pidfd: int | None = None) -> native.Accept | native.Refuse:
+        """A HELLO and the fds that came with it (all of them ours to keep or close);
+        peer_pidfd: the client's (SO_PEERPIDFD), borrowed."""
         try:
-            target = self._register(hello_listener(hello, fds), hello.target_pid, hello.share,
-                                    peer, "native", nursery, expected_share_id=hello.share_id)
+            listener_fd, claim = hello_listener(hello, fds)
+            target = self._register(listener_fd, claim, hello.share, peer, "native", nursery,
+                                    expected_share_id=hello.share_id, peer_pidfd=peer_pidfd)
         except RegistrationRefused as exc:
             self._refused(peer, exc.reason)
             return native.Refuse(exc.errno, exc.reason)
@@ -207,10 +215,12 @@ class Service:
         log.audit("registration_refused", peer_pid=peer.pid, peer_uid=peer.uid, reason=reason)
 
     def register_oci(self, peer: PeerCred, state: oci.ContainerProcessState,
-                     fds: list[int], nursery: trio.Nursery) -> None:
+                     fds: list[int], nursery: trio.Nursery,
+                     peer_pidfd: int | None = None) -> None:
         try:
             listener_fd, share = oci_listener(state, fds)
-            self._register(listener_fd, state.pid, share, peer, "oci", nursery)
+            self._register(listener_fd, TargetClaim(state.pid), share, peer, "oci", nursery,
+                           peer_pidfd=peer_pidfd)
             if self.keeper is not None:
                 self.keeper.target_added()  # KeeperClient.sync deposits it
         except oci.OciStateError as exc:
@@ -218,16 +228,19 @@ class Service:
         except RegistrationRefused as exc:
             self._refused(peer, exc.reason)
 
-    def _register(self, listener_fd: int, target_pid: int, share_path: str, peer: PeerCred,
+    def _register(self, listener_fd: int, claim: TargetClaim, share_path: str, peer: PeerCred,
                   convention: str, nursery: trio.Nursery,
                   peer_credentials: Credentials | None = None,
-                  expected_share_id: bytes | None = None) -> Target:
+                  expected_share_id: bytes | None = None,
+                  peer_pidfd: int | None = None) -> Target:
         """Register and serve a listener that passes every check (monitor/registration.py);
-        takes ownership of listener_fd in all cases."""
-        share = check_registration(listener_fd, target_pid, share_path, peer,
-                                   self.targets.values(), self.config,
-                                   peer_credentials=peer_credentials,
-                                   expected_share_id=expected_share_id)
+        takes ownership of listener_fd and the claim's pidfd in all cases."""
+        admitted = check_registration(listener_fd, claim, share_path, peer,
+                                      self.targets.values(), self.config,
+                                      peer_credentials=peer_credentials,
+                                      expected_share_id=expected_share_id,
+                                      peer_pidfd=peer_pidfd)
+        share, target_pid = admitted.share, admitted.pid
         listener = Listener(listener_fd)
         if self.config.sync_wakeup:
             listener.set_sync_wakeup()
@@ -268,7 +281,7 @@ class Service:
                     expected = bytes.fromhex(str(record["share_id"]))
                 except (KeyError, ValueError):
                     expected = None
-                target = self._register(fd, pid, str(record.get("share", "")),
+                target = self._register(fd, TargetClaim(pid), str(record.get("share", "")),
                                         PeerCred(0, uid, gid),
                                         str(record.get("convention", "oci")), nursery,
                                         peer_credentials=creds, expected_share_id=expected)

@@ -26,7 +26,7 @@ HEADER_SIZE: Final = 12
 
 
 class Kind(enum.IntEnum):
-    HELLO = 1  # client -> server, carries the listener fd (SCM_RIGHTS)
+    HELLO = 1  # client -> server, carries the listener fd, and the target's pidfd (SCM_RIGHTS)
     ACCEPT = 2  # server -> client
     REFUSE = 3  # server -> client
     PING = 4  # client -> server: liveness probe
@@ -46,8 +46,12 @@ _Text = cs.PascalString(cs.Int16ub, "utf8")
 
 # HELLO flags. EXPECT_SHARE: a re-registration (after an fhmon restart) that names the
 # share id the first ACCEPT gave; fhmon accepts it only onto that same share.
+# TARGET_PIDFD: SCM_RIGHTS carries [listener, pidfd of the target]; fhmon identifies the
+# target by the pidfd (whatever pid namespace the client is in), and target_pid is only the
+# pid as the client sees it (0: not given), checked against the pidfd's.
 HELLO_EXPECT_SHARE: Final = 0x1
-HELLO_KNOWN_FLAGS: Final = HELLO_EXPECT_SHARE
+HELLO_TARGET_PIDFD: Final = 0x2
+HELLO_KNOWN_FLAGS: Final = HELLO_EXPECT_SHARE | HELLO_TARGET_PIDFD
 
 HelloPayload = cs.Struct(
     "target_pid" / cs.Int32ub,
@@ -81,6 +85,12 @@ class Hello:
     flags: int = 0
     version: int = PROTOCOL_VERSION
     share_id: bytes | None = None  # present exactly when flags has HELLO_EXPECT_SHARE
+
+
+def hello_fd_count(flags: int) -> int:
+    """How many fds (SCM_RIGHTS) a HELLO with these flags carries, in this order: the
+    listener, then the target's pidfd if flags has HELLO_TARGET_PIDFD."""
+    return 2 if flags & HELLO_TARGET_PIDFD else 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,12 @@
 """A hostile intake client, run as any uid (often 65534, sometimes inside `unshare -Ur[m]`).
 
-    python -m tests.adversarial.hostile_client SOCKET SHARE (child|self|PID) [LISTENER_FD]
+    python -m tests.adversarial.hostile_client SOCKET SHARE [pidfd:](child|self|PID) [LISTENER_FD]
 
 Sends one HELLO for SHARE with a seccomp listener: LISTENER_FD if given (inherited), else
 the listener of a child it forks under the handle filter (as its own uid). The target pid
-is the child's ("child"), its own ("self") or PID. Prints one JSON line: what fhmon said.
+is the child's ("child"), its own ("self") or PID; with "pidfd:" the HELLO has the
+TARGET_PIDFD flag and carries a pidfd of that process after the listener, as `fhmon
+launch` sends. Prints one JSON line: what fhmon said.
 """
 
 from __future__ import annotations
@@ -48,7 +50,12 @@ def main(argv: list[str]) -> int:
         listener = int(argv[3])
     else:
         child_pid, listener = filtered_child()
+    by_pidfd = who.startswith("pidfd:")
+    who = who.removeprefix("pidfd:")
     target = child_pid if who == "child" else os.getpid() if who == "self" else int(who)
+    fds = [listener]
+    if by_pidfd:
+        fds.append(os.pidfd_open(target))
     result: dict[str, object]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -58,8 +65,9 @@ def main(argv: list[str]) -> int:
             except OSError as exc:
                 result = {"kind": "connect_error", "errno": exc.errno}
             else:
-                sock.sendmsg([native.encode(native.Hello(target, share, "hostile"))],
-                           [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [listener]))])
+                flags = native.HELLO_TARGET_PIDFD if by_pidfd else 0
+                sock.sendmsg([native.encode(native.Hello(target, share, "hostile", flags))],
+                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
                 decoder = native.FrameDecoder()
                 message = None
                 while message is None:

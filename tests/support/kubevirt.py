@@ -106,7 +106,8 @@ def steal_from_launcher(bundle: Path, uid: int = 65534) -> list[str]:
                 fds += got
                 assert data, "the launcher hung up"
                 decoder.feed(data)
-            assert isinstance(hello, native.Hello) and len(fds) == 1
+            assert isinstance(hello, native.Hello) and hello.flags & native.HELLO_TARGET_PIDFD
+            assert len(fds) == 2  # the listener, the child's pidfd
             for fd in fds:
                 os.close(fd)
             conn.sendall(native.encode(native.Accept(1, bytes(32), "ok")))

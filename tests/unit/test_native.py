@@ -128,6 +128,20 @@ def test_hello_with_an_expected_share_bytes() -> None:
             decode_one(_frame(1, 1, (raw[HEADER_SIZE:])[:-cut]))
 
 
+def test_hello_with_the_targets_pidfd_bytes_and_fd_count() -> None:
+    """TARGET_PIDFD (0x2) adds no payload: it says SCM_RIGHTS carries a second fd, the
+    target's pidfd, after the listener; it combines with EXPECT_SHARE."""
+    assert native.HELLO_TARGET_PIDFD == 0x2
+    assert native.HELLO_KNOWN_FLAGS == HELLO_EXPECT_SHARE | native.HELLO_TARGET_PIDFD
+    raw = encode(Hello(target_pid=2, share="/s", client="c", flags=native.HELLO_TARGET_PIDFD))
+    assert raw == _frame(1, 1, struct.pack(">II", 2, 0x2) + _text("/s") + _text("c"))
+    assert decode_one(raw) == Hello(2, "/s", "c", native.HELLO_TARGET_PIDFD)
+    both = encode(Hello(2, "/s", "c", native.HELLO_TARGET_PIDFD, share_id=bytes(32)))
+    assert decode_one(both) == Hello(2, "/s", "c", 0x3, share_id=bytes(32))
+    assert [native.hello_fd_count(f) for f in (0, 1, 2, 3, 0xFFFFFFFD, 0xFFFFFFFF)] == [
+        1, 1, 2, 2, 1, 2]
+
+
 def test_accept_bytes() -> None:
     share_id = bytes(range(32))
     raw = encode(Accept(target_id=2**64 - 1, share_id=share_id, message="ok"))

@@ -1,0 +1,52 @@
+"""An intake client whose connection outlives it, run as any uid (65534).
+
+    python -m tests.adversarial.orphaned_client SOCKET SHARE
+
+Connects to fhmon, prints {"peer": its pid}, hands the connection to a child and exits:
+the connection's SO_PEERCRED pid is then free for the kernel to give another process. The
+child reads a target pid from stdin and sends a HELLO naming it (by pid) with the listener
+of a filtered child of its own; it prints one JSON line: what fhmon said.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+import sys
+
+from protocol import native
+from tests.adversarial.hostile_client import filtered_child
+
+
+def main(argv: list[str]) -> int:
+    sock_path, share = argv[:2]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(sock_path)
+    print(json.dumps({"peer": os.getpid()}), flush=True)
+    if os.fork():
+        os._exit(0)
+    _, listener = filtered_child()
+    target = int(sys.stdin.readline())
+    sock.settimeout(10)
+    sock.sendmsg([native.encode(native.Hello(target, share, "orphaned"))],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [listener]))])
+    decoder = native.FrameDecoder()
+    message = None
+    while message is None:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        decoder.feed(chunk)
+        message = decoder.next_message()
+    if isinstance(message, native.Refuse):
+        result = {"kind": "refuse", "errno": message.errno, "reason": message.reason}
+    else:
+        result = {"kind": "accept" if isinstance(message, native.Accept) else "closed"}
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
