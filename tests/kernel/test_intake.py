@@ -451,7 +451,7 @@ class TestFailOpen:
                 thread.join(timeout=30)
                 for fd in kept:
                     os.close(fd)
-        assert len(kept) == 2  # the listener reached the liar
+        assert len(kept) == 3  # the listener and the target's pidfd reached the liar
         self.assert_unserved(ran, printer, "probe got no answer")
 
     def test_probe_gets_eperm_from_a_runtime_profile(self, fhmon: Service, world: World,

@@ -45,7 +45,9 @@ class Node:
         pod = ds["spec"]["template"]["spec"]
         self.grace = float(pod.get("terminationGracePeriodSeconds", 30))
         containers = {c["name"]: c for c in pod["containers"]}
-        (self.init,) = pod["initContainers"]
+        # `check` gates the server; the other init container only copies seccomp profiles
+        # into the kubelet's directory, which this node does not have
+        self.init = next(c for c in pod["initContainers"] if c["name"] == "check")
         self.server, self.keeper_spec = containers["fhmon"], containers["keeper"]
         root.mkdir(mode=0o755)
         self.root = root
