@@ -15,6 +15,7 @@ import ctypes
 import os
 import socket
 import struct
+import subprocess
 import threading
 import time
 import urllib.request
@@ -26,7 +27,7 @@ import pytest
 from monitor import seccomp_filter
 from tests.adversarial.common import EXHAUSTION, FUZZING, errname, wait_for
 from tests.adversarial.recording import Recorder
-from tests.support import NOBODY, Agent, Service, World
+from tests.support import FHMON, NOBODY, Agent, Service, World
 from tests.support.handles import N2HResult
 from tests.support.http_attack import Attacker, free_port
 from tests.support.listeners import hello, send_raw
@@ -328,6 +329,36 @@ def test_probes_answer_while_another_address_holds_slow_connections(
                  f"/readyz within {PROBE_TIMEOUT:.0f} s", "200", probes)
     record(EXHAUSTION, "metrics endpoint: a target's calls during that attack", "answered",
            calls)
+
+def test_the_daemonsets_probe_answers_while_many_addresses_hold_the_metrics_port(
+        metrics_endpoint: Endpoint, record: Recorder) -> None:
+    """R7 from attackers at many addresses: the per-address cap no longer helps, every metrics
+    slot is taken. The DaemonSet's startup, readiness and liveness probes are
+    `fhmon probe --socket` (deploy/base/daemonset.yaml) on fhmon's unix socket, a listener of
+    its own: they must answer within the probes' timeoutSeconds while the port is full."""
+    service = metrics_endpoint.service
+    probes: list[str] = []
+    with attacking(Attacker(metrics_endpoint.port, PROBE_ATTACK_CONNECTIONS, trickle=True,
+                            sources=ATTACK_ADDRESSES)) as attack:
+        deadline = time.monotonic() + 8  # past the 5 s request timeout
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            try:
+                ran = subprocess.run([FHMON, "probe", "--socket", service.socket],
+                                     capture_output=True, text=True, timeout=5)
+                took = time.monotonic() - started
+                probes.append("ok" if ran.returncode == 0 and took <= 5 else
+                              f"exit {ran.returncode} after {took:.1f} s: {ran.stderr.strip()}")
+            except subprocess.TimeoutExpired:
+                probes.append("no answer within 5 s")
+            time.sleep(0.2)
+        scrape = probe_within(metrics_endpoint.port, "/healthz", 1.0)
+    record.every(EXHAUSTION, f"`fhmon probe` (the DaemonSet's probes) while "
+                 f"{PROBE_ATTACK_CONNECTIONS} slowloris connections from "
+                 f"{len(ATTACK_ADDRESSES)} addresses hold the metrics port "
+                 f"({attack.opened} opened; /healthz on the port meanwhile: {scrape})",
+                 "ok", probes)
+
 
 # --- metric cardinality: a filter of the client's own that traps any syscall number -------
 

@@ -115,8 +115,12 @@ def _deployed() -> tuple[int, float]:
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     limit = container["resources"]["limits"]["memory"]
     assert limit.endswith("Mi"), limit
-    configuration = yaml.safe_load((DEPLOY / "mutatingwebhookconfiguration.yaml").read_text())
-    return int(limit[:-2]) * MiB, float(configuration["webhooks"][0]["timeoutSeconds"])
+    # the shortest timeoutSeconds of the configurations (fhmon's, and the migration opt-in's)
+    timeouts = [hook["timeoutSeconds"]
+                for configuration in yaml.safe_load_all(
+                    (DEPLOY / "mutatingwebhookconfiguration.yaml").read_text())
+                for hook in configuration["webhooks"]]
+    return int(limit[:-2]) * MiB, float(min(timeouts))
 
 
 MEMORY_LIMIT, REVIEW_TIMEOUT = _deployed()
