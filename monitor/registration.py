@@ -50,6 +50,42 @@ def oci_listener(state: oci.ContainerProcessState, fds: list[int]) -> tuple[int,
     return fds.pop(state.seccomp_fd_index), share
 
 
+def pid_in_our_namespace(target_pid: int, peer_pid: int) -> int:
+    """A HELLO's target pid, which the client wrote as its own pid namespace numbers it, as
+    fhmon's pid namespace numbers it (the kernel translates only SO_PEERCRED's pid).
+
+    A launcher in a container (every Kubernetes container has a pid namespace of its own)
+    names its child by the container's numbers: the process is found among those sharing the
+    client's pid namespace, by the last NSpid of /proc/PID/status (its pid there). Refused
+    (ESRCH) when no such process exists or the client's namespace cannot be read.
+    """
+    try:
+        theirs = os.stat(f"/proc/{peer_pid}/ns/pid")
+        ours = os.stat("/proc/self/ns/pid")
+    except OSError:
+        raise RegistrationRefused(f"process {peer_pid}'s pid namespace cannot be read",
+                                  errno.ESRCH) from None
+    if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
+        return target_pid
+    wanted = str(target_pid).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ns = os.stat(f"/proc/{entry}/ns/pid")
+            if (ns.st_dev, ns.st_ino) != (theirs.st_dev, theirs.st_ino):
+                continue
+            with open(f"/proc/{entry}/status", "rb") as handle:
+                nspid = next((line.split()[1:] for line in handle
+                              if line.startswith(b"NSpid:")), [])
+        except OSError:
+            continue   # gone meanwhile
+        if nspid and nspid[-1] == wanted:
+            return int(entry)
+    raise RegistrationRefused(f"process {target_pid} not found in the pid namespace of "
+                              f"process {peer_pid}", errno.ESRCH)
+
+
 def check_registration(listener_fd: int, target_pid: int, share_path: str, peer: PeerCred,
                        targets: Iterable[Target], config: Config,
                        peer_credentials: Credentials | None = None,

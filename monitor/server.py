@@ -25,6 +25,7 @@ from monitor import log
 from monitor.calls import PeerCred, Target, reference_answerer
 from monitor.config import Config
 from monitor.dataplane import DataPlane, make_data_plane
+from monitor.fdpass import close_quietly
 from monitor.hardening import lock_down
 from monitor.intake import Intake
 from monitor.intake_socket import open_intake_socket
@@ -35,7 +36,12 @@ from monitor.metrics import CallStats
 from monitor.policy import RegistrationRefused
 from monitor.proc_status import Credentials
 from monitor.prom import Metrics
-from monitor.registration import check_registration, hello_listener, oci_listener
+from monitor.registration import (
+    check_registration,
+    hello_listener,
+    oci_listener,
+    pid_in_our_namespace,
+)
 from monitor.signing import KeyDirError, KeyRing
 from monitor.stuck_calls import restart_stuck_calls_of
 from monitor.worker_supervisor import WorkerProcess, WorkerStartError
@@ -178,7 +184,13 @@ class Service:
                         nursery: trio.Nursery) -> native.Accept | native.Refuse:
         """A HELLO and the fds that came with it (all of them ours to keep or close)."""
         try:
-            target = self._register(hello_listener(hello, fds), hello.target_pid, hello.share,
+            listener_fd = hello_listener(hello, fds)
+            try:
+                target_pid = pid_in_our_namespace(hello.target_pid, peer.pid)
+            except RegistrationRefused:
+                close_quietly(listener_fd)
+                raise
+            target = self._register(listener_fd, target_pid, hello.share,
                                     peer, "native", nursery, expected_share_id=hello.share_id)
         except RegistrationRefused as exc:
             self._refused(peer, exc.reason)
