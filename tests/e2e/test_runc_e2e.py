@@ -35,11 +35,12 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.kubevirt import containers, deviceplugin, inject
+from monitor.kubevirt import containers, deviceplugin, inject, seccomp
 from protocol import deviceplugin as api
+from tests.support import cri_spec, runc
 from tests.support.kubevirt import LAUNCHER_POD
 
-from . import cri_spec, expect, harness, runc
+from . import expect, harness
 
 pytestmark = pytest.mark.e2e
 
@@ -49,6 +50,7 @@ QEMU_UID = 107
 HOST_SOCKET_DIR = "/var/run/kubevirt/fhmon"   # the DaemonSet's hostPath
 VIRTIOFS = "virtiofs-data"
 HCO_PROFILE = "kubevirt/kubevirt.json"
+RUNTIME_DEFAULT = "containerd-runtime-default-amd64.json"
 ALL_STEPS = {"create", "append", "readback", "stat", "rename", "hardlink", "symlink", "chmod",
              "unlink", "lsR", "find", "checksum", "dropcache"}
 NOT_SUPPORTED = {"ENOTSUP", "EOPNOTSUPP"}
@@ -102,24 +104,24 @@ def kubelet_volumes(pod: dict[str, Any], rd: harness.RunDir) -> dict[str, str]:
     return dirs
 
 
-def seccomp_sources() -> dict[str, Path]:
-    """The profile sources tests/data/seccomp keeps (containerd's default, HCO's)."""
-    return {p.name: p for p in SECCOMP_DATA.glob("*.json")} if SECCOMP_DATA.is_dir() else {}
-
-
-def runtime_default(caps: list[str] | Any) -> dict[str, Any]:
-    source = SECCOMP_DATA / "containerd-default.json"
-    return cri_spec.containerd_default_profile(json.loads(source.read_text()), list(caps))
+def runtime_default(caps: Any) -> dict[str, Any]:
+    """containerd's RuntimeDefault, as tests/data/seccomp renders it for a container without
+    capabilities (every container of these pods drops ALL)."""
+    if list(caps):
+        raise cri_spec.TranslationError(f"no rendering of RuntimeDefault for {list(caps)}")
+    return cri_spec.decode_linux_seccomp((SECCOMP_DATA / RUNTIME_DEFAULT).read_bytes())
 
 
 def install_profiles(pod: dict[str, Any], seccomp_root: Path) -> dict[str, bytes]:
-    """The kubelet's seccomp root as the node has it: HCO's kubevirt/kubevirt.json (HCO's
-    operator writes it) and any profile fhmon ships (the DaemonSet writes it); returns the
-    files the pod's containers name, read as containerd reads them."""
-    hco = SECCOMP_DATA / "kubevirt.json"
-    if hco.exists():
-        (seccomp_root / "kubevirt").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(hco, seccomp_root / HCO_PROFILE)
+    """The kubelet's seccomp root as the node has it: KubeVirt's kubevirt/kubevirt.json
+    (virt-handler writes it) and the profiles fhmon ships in deploy/seccomp (the DaemonSet
+    writes them under fhmon/); returns the files the pod's containers name, read as
+    containerd reads them (a missing one fails the translation, as it fails CreateContainer)."""
+    (seccomp_root / "kubevirt").mkdir(parents=True)
+    shutil.copyfile(SECCOMP_DATA / "kubevirt.json", seccomp_root / HCO_PROFILE)
+    (seccomp_root / seccomp.PROFILE_DIR).mkdir()
+    for shipped in (REPO / "deploy" / "seccomp").glob("*.json"):
+        shutil.copyfile(shipped, seccomp_root / seccomp.PROFILE_DIR / shipped.name)
     profiles = {}
     ctx = cri_spec.NodeContext(rootfs="/", volume_paths={}, seccomp_root=str(seccomp_root))
     for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]:
@@ -160,8 +162,8 @@ def container_processes(init_pid: int) -> list[int]:
     return found
 
 
-def start_node(rt: runc.Runtime, pod: dict[str, Any], rd: harness.RunDir, e2e_env: harness.Env
-               ) -> tuple[dict[str, Any], str, list[str]]:
+def start_node(rt: runc.Runtime, pod: dict[str, Any], rd: harness.RunDir, e2e_env: harness.Env,
+               seccomp_reader: str) -> tuple[dict[str, Any], str, list[str]]:
     """Runs the init container to completion; returns the virtiofs container's config, id
     and runc argv."""
     mount = device_plugin_mount()
@@ -180,7 +182,7 @@ def start_node(rt: runc.Runtime, pod: dict[str, Any], rd: harness.RunDir, e2e_en
             hostname=pod["spec"].get("hostname", ""),
             cgroups_path=f"/fhmon-e2e/{rt.base.name}-{name}",
             seccomp_root=str(seccomp_root), localhost_profiles=profiles,
-            runtime_default=runtime_default)
+            runtime_default=runtime_default, seccomp_reader=seccomp_reader)
 
     # 1. The init container, from the fhmon image (entrypoint `fhmon`).
     root = rt.rootfs("init", runc.Image(binds=[str(REPO)]))
@@ -201,7 +203,8 @@ def start_node(rt: runc.Runtime, pod: dict[str, Any], rd: harness.RunDir, e2e_en
     return config, vfs_id, rt.run_argv(vfs_id, bundle)
 
 
-def serve_pod(pod: dict[str, Any], e2e_env: harness.Env, *, with_fhmon: bool) -> PodRun:
+def serve_pod(pod: dict[str, Any], e2e_env: harness.Env, *, with_fhmon: bool,
+              seccomp_reader: str = "containerd") -> PodRun:
     """Runs the pod's containers under runc and the guest against them (fhmon or not)."""
     seen: dict[int, dict[str, str]] = {}
     cmdlines: list[list[str]] = []
@@ -210,7 +213,7 @@ def serve_pod(pod: dict[str, Any], e2e_env: harness.Env, *, with_fhmon: bool) ->
     leftovers: list[str] = []
     try:
         with harness.run_dir(QEMU_UID) as rd, contextlib.ExitStack() as stack:
-            config, vfs_id, argv = start_node(rt, pod, rd, e2e_env)
+            config, vfs_id, argv = start_node(rt, pod, rd, e2e_env, seccomp_reader)
             if with_fhmon:
                 svc = stack.enter_context(harness.fhmon_service(
                     rd, serve_args=["--socket-mode", "0660", "--socket-group", str(QEMU_UID)]))
@@ -296,20 +299,47 @@ def test_stock_kubevirt_pod_under_runc_gets_handles_from_fhmon(e2e_env: harness.
     assert_handles_through_fhmon(run, text)
 
 
-@pytest.mark.xfail(strict=True, reason="the HCO pod's kubevirt.json answers open_by_handle_at "
-                   "with EPERM before the launcher's filter; needs field-pods' fhmon-shipped "
-                   "container-level Localhost profile for the injected virtiofs container")
-def test_hco_pod_under_runc_gets_handles_from_fhmon(e2e_env: harness.Env) -> None:
+@pytest.mark.xfail(strict=True, reason="fhmon inject leaves a pod with a seccomp profile alone, "
+                   "and under HCO's kubevirt.json open_by_handle_at gets EPERM before the "
+                   "launcher's filter: needs field-pods' injection with the fhmon-shipped "
+                   "container-level Localhost profile (deploy/seccomp/kubevirt.json)")
+@pytest.mark.parametrize("reader", ["cri-o", "containerd"])
+def test_hco_pod_under_runc_gets_handles_from_fhmon(e2e_env: harness.Env, reader: str) -> None:
     """(b) Pod-level Localhost kubevirt/kubevirt.json: the injected container's own profile
-    lets the two calls reach the launcher's filter."""
+    lets the two calls reach the launcher's filter, the profile read as OpenShift's CRI-O
+    reads it (HCO's runtime) and as containerd does."""
     pod = hco_pod()
-    assert (SECCOMP_DATA / "kubevirt.json").exists(), "tests/data/seccomp/kubevirt.json missing"
-    run = serve_pod(pod, e2e_env, with_fhmon=True)
+    assert [c for c in pod["spec"].get("initContainers") or []
+            if c["name"] == containers.LAUNCHER_INIT], "fhmon inject left the HCO pod alone"
+    run = serve_pod(pod, e2e_env, with_fhmon=True, seccomp_reader=reader)
     text = summary(run)
     print(text)
     assert "seccomp" in run.config["linux"], text   # a profile is really in force
     assert_guest_served(run, text)
     assert_handles_through_fhmon(run, text)
+
+
+@pytest.mark.parametrize(("reader", "reaches_fhmon"), [("cri-o", False), ("containerd", True)])
+def test_hcos_profile_alone_decides_whether_open_by_handle_at_reaches_fhmon(
+        e2e_env: harness.Env, reader: str, reaches_fhmon: bool) -> None:
+    """Why (b) needs a profile of fhmon's: the injected pod under HCO's kubevirt.json as is
+    (pod level, nothing at container level). Read as CRI-O (OpenShift) reads it, its ERRNO
+    rule for open_by_handle_at (for containers without CAP_DAC_READ_SEARCH) applies, and an
+    ERRNO outranks the launcher's USER_NOTIF: the call never reaches fhmon, virtiofsd's
+    start-up probe fails and it serves the guest without handles. Read as containerd reads
+    it (conditions dropped), the profile also keeps the ALLOW meant for holders of
+    CAP_DAC_READ_SEARCH, and under runc the calls do reach fhmon."""
+    pod = stock_pod()
+    pod["spec"]["securityContext"]["seccompProfile"] = {
+        "type": "Localhost", "localhostProfile": HCO_PROFILE}
+    run = serve_pod(pod, e2e_env, with_fhmon=True, seccomp_reader=reader)
+    text = summary(run)
+    print(text)
+    assert run.config["linux"]["seccomp"]["defaultErrnoRet"] == 38, text   # kubevirt.json
+    assert_guest_served(run, text)
+    assert run.shutdown is not None, text
+    opened = run.shutdown["counters"].get("open_by_handle_at", {}).get("ok", 0)
+    assert (opened > 0) == reaches_fhmon, text
 
 
 @pytest.mark.xfail(strict=True, reason="the launcher exits 125 when fhmon is unreachable; "

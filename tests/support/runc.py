@@ -71,6 +71,8 @@ class Runtime:
     """Images, bundles and containers of one test; close() undoes all of it."""
 
     def __init__(self, parent: Path | None = None) -> None:
+        if not os.access(RUNC, os.X_OK):
+            raise RuncError(f"{RUNC} is missing: scripts/setup.sh installs Debian's runc")
         parent = parent or Path(os.environ.get("FHMON_E2E_TMP", "/tmp"))
         self.base = Path(tempfile.mkdtemp(prefix="fhmon-runc-", dir=parent))
         self.base.chmod(0o711)

@@ -8,15 +8,15 @@ change in the translation shows up as a diff against containerd, not against its
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from monitor.kubevirt import containers, inject
+from tests.support import cri_spec
 from tests.support.kubevirt import LAUNCHER_POD
-
-from . import cri_spec
 
 VOLUMES = {"virtiofs-containers": "/k/vc", "data": "/k/pvc", "fhmon-launcher": "/k/launcher",
            "private": "/k/private", "virt-bin-share-dir": "/k/bin", "rootdv": "/k/rootdv"}
@@ -211,27 +211,42 @@ def test_a_missing_localhost_file_or_an_escaping_name_is_refused() -> None:
             cri_spec.translate(pod, "virtiofs-data", ctx())
 
 
-def test_runtime_default_is_containerds_default_profile_for_the_bounding_set() -> None:
-    """DefaultProfile(spec): rules conditioned on a capability only with that capability in
-    the bounding set, on an architecture only there; --seccomp-default applies it to pods
-    that name no profile."""
+def test_runtime_default_is_the_runtimes_default_for_the_bounding_set() -> None:
+    """DefaultProfile(spec) is called with the container's bounding set; --seccomp-default
+    applies it to pods that name no profile, and only to them."""
+    asked: list[list[str]] = []
+
     def default(caps: Any) -> dict[str, Any]:
-        return cri_spec.containerd_default_profile(HCO_LIKE, list(caps))
+        asked.append(list(caps))
+        return {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": []}
 
     pod = injected()
     seccomp = cri_spec.translate(pod, "virtiofs-data", ctx(
         seccomp_default=True, runtime_default=default))["linux"]["seccomp"]
-    assert seccomp["architectures"] == ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"]
-    assert seccomp["syscalls"] == [
-        {"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},
-        {"names": ["open_by_handle_at"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]
-    with_cap = cri_spec.containerd_default_profile(HCO_LIKE, ["CAP_DAC_READ_SEARCH"])
-    assert with_cap["syscalls"][1] == {"names": ["open_by_handle_at"],
-                                       "action": "SCMP_ACT_ALLOW"}
-    assert len(with_cap["syscalls"]) == 2
-    # Without --seccomp-default the same pod is Unconfined.
+    assert seccomp == {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": []} and asked == [[]]
     assert "seccomp" not in cri_spec.translate(pod, "virtiofs-data", ctx(
         runtime_default=default))["linux"]
+
+
+def test_cri_o_reads_a_localhost_profile_with_its_conditions() -> None:
+    """containers/common's reading (OpenShift): a capability-conditioned rule only with the
+    capability, an architecture-conditioned one only there, archMap's architectures."""
+    pod = injected()
+    pod["spec"]["securityContext"]["seccompProfile"] = {
+        "type": "Localhost", "localhostProfile": "kubevirt/kubevirt.json"}
+    path = "/var/lib/kubelet/seccomp/kubevirt/kubevirt.json"
+    context = ctx(localhost_profiles={path: json.dumps(HCO_LIKE).encode()},
+                  seccomp_reader="cri-o")
+    seccomp = cri_spec.translate(pod, "virtiofs-data", context)["linux"]["seccomp"]
+    assert seccomp == {
+        "defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 38,
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+        "syscalls": [
+            {"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},
+            {"names": ["open_by_handle_at"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]}
+    with_cap = cri_spec.containers_common_profile(HCO_LIKE, ["CAP_DAC_READ_SEARCH"])
+    assert with_cap["syscalls"][1:] == [{"names": ["open_by_handle_at"],
+                                         "action": "SCMP_ACT_ALLOW"}]
 
 
 def test_what_the_kubelet_would_refuse_is_refused() -> None:
@@ -244,3 +259,27 @@ def test_what_the_kubelet_would_refuse_is_refused() -> None:
         cri_spec.translate(injected(), "virtiofs-data", ctx(volume_paths={}))
     with pytest.raises(cri_spec.TranslationError, match="0 containers"):
         cri_spec.translate(pod, "nope", ctx())
+
+
+SECCOMP_DATA = Path(__file__).resolve().parents[1] / "data" / "seccomp"
+
+
+def rules_for(profile: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [r for r in profile["syscalls"] if name in r["names"]]
+
+
+def test_the_real_profiles_refuse_open_by_handle_at_as_containerd_loads_them() -> None:
+    """What the HCO pod and a --seccomp-default kubelet give the virtiofs container on
+    containerd: open_by_handle_at refused (EPERM) before any notify filter of the launcher."""
+    runtime_default = cri_spec.decode_linux_seccomp(
+        (SECCOMP_DATA / "containerd-runtime-default-amd64.json").read_bytes())
+    assert runtime_default["defaultAction"] == "SCMP_ACT_ERRNO"
+    assert rules_for(runtime_default, "open_by_handle_at") == []      # the default: EPERM
+    assert [r["action"] for r in rules_for(runtime_default, "name_to_handle_at")] == [
+        "SCMP_ACT_ALLOW"]
+    hco = cri_spec.decode_linux_seccomp((SECCOMP_DATA / "kubevirt.json").read_bytes())
+    # json.Unmarshal keeps both rules, their capability conditions gone.
+    assert [(r["action"], r.get("errnoRet")) for r in rules_for(hco, "open_by_handle_at")] == [
+        ("SCMP_ACT_ALLOW", None), ("SCMP_ACT_ERRNO", 1)]
+    assert all(set(r) <= {"names", "action", "errnoRet", "args"} for r in hco["syscalls"])
+    assert set(hco) == {"defaultAction", "defaultErrnoRet", "syscalls"}

@@ -24,7 +24,10 @@ security-context rules; each step below names the containerd option it mirrors:
   seccomp profile: RuntimeDefault = contrib/seccomp's DefaultProfile for the container's
   bounding set, Localhost = the file decoded as a runtime-spec LinuxSeccomp (json.Unmarshal:
   fields it does not know, such as a containers-common profile's includes/excludes/archMap, are
-  dropped, so every rule applies unconditionally), Unconfined = none.
+  dropped, so every rule applies unconditionally), Unconfined = none.  CRI-O (OpenShift's
+  runtime) reads a Localhost file as containers/common does instead, conditions evaluated
+  (NodeContext.seccomp_reader): on HCO's kubevirt.json the two readers disagree about
+  open_by_handle_at (containerd keeps its capability-conditioned ALLOW, CRI-O its ERRNO).
 
 Not translated (not needed to run these containers; say so where a test relies on it): the pod
 sandbox (each container gets its own namespaces, no pause container), /etc/hosts, hostname and
@@ -89,7 +92,9 @@ class NodeContext:
     localhost_profiles: file contents by absolute path, for Localhost seccomp profiles (the
     caller reads the files localhost_profile_path names; sans-IO keeps reading out of here);
     runtime_default: containerd's DefaultProfile as a function of the bounding set;
-    image_groups: supplementary groups the image's /etc/group gives the user (WithAdditionalGIDs).
+    image_groups: supplementary groups the image's /etc/group gives the user (WithAdditionalGIDs);
+    seccomp_reader: "containerd" (json.Unmarshal: conditions dropped) or "cri-o" (OpenShift's
+    runtime: conditions evaluated, containers_common_profile); the one place CRI-O is modelled.
     """
 
     rootfs: str
@@ -103,6 +108,7 @@ class NodeContext:
     localhost_profiles: Mapping[str, bytes] = field(default_factory=dict)
     runtime_default: Callable[[Sequence[str]], dict[str, Any]] | None = None
     image_groups: Sequence[int] = ()
+    seccomp_reader: str = "containerd"   # or "cri-o": how a Localhost file is read
 
 
 # ---------------------------------------------------------------------- the kubelet's part
@@ -324,6 +330,8 @@ def seccomp(kind: str, path: str, caps: Sequence[str], ctx: NodeContext) -> dict
         return ctx.runtime_default(caps)
     if path not in ctx.localhost_profiles:
         raise TranslationError(f"cannot load seccomp profile {path!r}")
+    if ctx.seccomp_reader == "cri-o":
+        return containers_common_profile(json.loads(ctx.localhost_profiles[path]), caps)
     return decode_linux_seccomp(ctx.localhost_profiles[path])
 
 
@@ -353,14 +361,12 @@ def decode_linux_seccomp(data: bytes) -> dict[str, Any]:
     return out
 
 
-def containerd_default_profile(source: Mapping[str, Any], caps: Sequence[str],
-                               arch: str = "amd64") -> dict[str, Any]:
-    """DefaultProfile(spec) for a bounding set, from a profile written with includes/excludes.
-
-    containerd's default is Go code that appends rules by architecture and by capability;
-    tests/data keeps it as a profile whose rules carry the same conditions (includes.caps,
-    includes.arches, excludes.caps), as Docker's and containers-common's do.
-    """
+def containers_common_profile(source: Mapping[str, Any], caps: Sequence[str],
+                              arch: str = "amd64") -> dict[str, Any]:
+    """How CRI-O (containers/common's pkg/seccomp) reads a Localhost profile: a rule applies
+    only when its includes hold (every capability in the bounding set, the architecture) and
+    its excludes do not (no listed capability, not the architecture); archMap gives the
+    native architecture and its sub-architectures (x86-64: x86, x32)."""
     have = set(caps)
     rules = []
     for rule in source.get("syscalls") or []:
@@ -375,7 +381,8 @@ def containerd_default_profile(source: Mapping[str, Any], caps: Sequence[str],
             continue
         rules.append(rule)
     profile = decode_linux_seccomp(json.dumps({**source, "syscalls": rules}).encode())
-    profile.setdefault("architectures", list(AMD64_ARCHES))
+    if source.get("archMap") and "architectures" not in profile:
+        profile["architectures"] = list(AMD64_ARCHES)
     return profile
 
 
