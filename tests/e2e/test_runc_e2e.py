@@ -299,10 +299,10 @@ def test_stock_kubevirt_pod_under_runc_gets_handles_from_fhmon(e2e_env: harness.
     assert_handles_through_fhmon(run, text)
 
 
-@pytest.mark.xfail(strict=True, reason="fhmon inject leaves a pod with a seccomp profile alone, "
-                   "and under HCO's kubevirt.json open_by_handle_at gets EPERM before the "
-                   "launcher's filter: needs field-pods' injection with the fhmon-shipped "
-                   "container-level Localhost profile (deploy/seccomp/kubevirt.json)")
+@pytest.mark.xfail(strict=True, reason="fhmon inject leaves a pod with a seccomp profile alone "
+                   "(and under CRI-O's reading of HCO's kubevirt.json open_by_handle_at gets "
+                   "EPERM before the launcher's filter): needs field-pods' injection with the "
+                   "fhmon-shipped container-level Localhost profile (deploy/seccomp/kubevirt.json)")
 @pytest.mark.parametrize("reader", ["cri-o", "containerd"])
 def test_hco_pod_under_runc_gets_handles_from_fhmon(e2e_env: harness.Env, reader: str) -> None:
     """(b) Pod-level Localhost kubevirt/kubevirt.json: the injected container's own profile
