@@ -22,8 +22,10 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -144,6 +146,23 @@ class Runtime:
         """Runs a container to completion (an init container); output captured."""
         return _run(self.run_argv(container_id, bundle), timeout=timeout)
 
+    def runc_processes(self) -> list[int]:
+        """Live runc processes of this run (their command line names its private --root)."""
+        needle = f"\0--root\0{self.state}\0".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+                    stat = Path(f"/proc/{entry}/stat").read_bytes()
+                    if needle in b"\0" + cmdline and stat.rsplit(b")", 1)[1].split()[0] != b"Z":
+                        found.append(int(entry))
+        return found
+
+    def mounts_made(self) -> int:
+        """How many host-side mounts the images of this run hold now."""
+        return len(mounts_under(self.base))
+
     def state_of(self, container_id: str) -> dict[str, Any] | None:
         done = _run([RUNC, "--root", str(self.state), "state", container_id])
         if done.returncode != 0:
@@ -162,6 +181,16 @@ class Runtime:
             if self.state_of(container_id) is not None:
                 leftovers.append(f"container {container_id} still existed")
                 _run([RUNC, "--root", str(self.state), "kill", container_id, "KILL"])
+        # A `runc run` still waiting for its container ends once the container is gone; one
+        # that does not is killed (it would recreate the state root after it is removed).
+        deadline = time.monotonic() + 10
+        while (runcs := self.runc_processes()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in runcs:
+            leftovers.append(f"runc process {pid} still running")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for container_id in reversed(self.containers):
             _run([RUNC, "--root", str(self.state), "delete", "--force", container_id])
         for target in reversed(self.mounts):
             _run(["umount", "--lazy", str(target)])
