@@ -18,7 +18,12 @@ For each case the pod is injected by `fhmon inject`, then, as on a node:
 Cases: (a) the stock KubeVirt pod (no seccomp profile: Unconfined): handles through fhmon;
 (b) the HCO pod (pod-level Localhost kubevirt/kubevirt.json): handles through fhmon once the
 injection gives the virtiofs container fhmon's own profile; (c) no fhmon at VM start: the guest
-works without handles, virtiofsd runs KubeVirt's command line.
+works without handles, virtiofsd runs KubeVirt's command line. And why (b) needs fhmon's
+profile: under the runtime's profile alone (HCO's as CRI-O reads it, containerd's
+RuntimeDefault) open_by_handle_at never reaches fhmon.
+
+Not modelled: the pod sandbox (each container has its own namespaces; the compute container
+is the harness's QEMU on the host), the kubelet's /etc/hosts and termination-log mounts.
 """
 
 from __future__ import annotations
