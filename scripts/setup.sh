@@ -11,8 +11,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-# python3-dev: the Python headers, for building the Rust extension (monitor._native)
-for pkg in python3 python3-venv python3-pip python3-dev libseccomp2 ca-certificates "$@"; do
+# python3-dev: the Python headers, for building the Rust extension (monitor._native);
+# runc: the OCI runtime the KubeVirt tests run the injected pod's containers under
+for pkg in python3 python3-venv python3-pip python3-dev libseccomp2 ca-certificates runc "$@"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

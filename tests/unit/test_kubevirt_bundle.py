@@ -12,8 +12,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from monitor.kubevirt import containers
-from tests.support.kubevirt import launcher_argv, needs_root, steal_from_launcher
+import yaml
+
+from monitor.kubevirt import containers, inject
+from tests.support import cri_spec, runc
+from tests.support.kubevirt import LAUNCHER_POD, launcher_argv, needs_root, steal_from_launcher
 
 CLONE_NEWNS = 0x20000
 MS_REC, MS_PRIVATE = 0x4000, 0x40000
@@ -115,8 +118,8 @@ def _accept_hello(server: Any) -> Any:
 def test_registers_again_through_the_read_only_socket_directory(bundle: Path) -> None:
     """A rolling upgrade of fhmon, as the injected container sees it: the device plugin's
     read-only mount of the socket directory shows the socket the new fhmon creates, and the
-    launcher (in a pod-like root: only the host's /usr, uid 107) registers with it."""
-    import json as js
+    launcher (the injected container under runc: the host's /usr as the image, uid 107, its
+    own pid namespace) registers with it."""
     import signal
     import socket as so
 
@@ -139,29 +142,32 @@ def test_registers_again_through_the_read_only_socket_directory(bundle: Path) ->
         server.settimeout(30)
         return server
 
+    # The injected virtiofs container under runc, as the kubelet and containerd would run
+    # it, its virtiofsd replaced by a sleep.
     settings = containers.Settings()
-    spec = {"root": str(base / "root"), "host": ["/usr", "/etc", "/dev", "/proc"],
-            "links": {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64",
-                      "sbin": "usr/sbin"},
-            "mounts": [{"source": str(bundle), "target": containers.LAUNCHER_DIR, "readonly": True},
-                       {"source": str(host_dir), "target": settings.socket.rpartition("/")[0],
-                        "readonly": True},
-                       {"source": str(share), "target": "/data", "readonly": False}],
-            "files": {}, "uid": 107, "gid": 107, "groups": [107],
-            # Without --fail-open: this fake fhmon accepts but cannot answer the start-up
-            # probe, after which a failing-open launcher would (rightly) run sleep unserved;
-            # and sleep takes no virtiofsd flags.
-            "argv": [*(arg for arg in containers.launcher_command(settings, "/data")
-                       if arg != "--fail-open" and not arg.startswith("--virtiofsd-")),
-                     "/usr/bin/sleep", "60"],
-            "env": {"PATH": "/usr/bin:/bin"}}
-    (base / "spec.json").write_text(js.dumps(spec))
-    runtime = Path(__file__).parents[1] / "e2e" / "pod_runtime.py"
+    pod = yaml.safe_load(inject.inject(LAUNCHER_POD, settings))
+    virtiofs = cri_spec.find_container(pod, "virtiofs-data")
+    # Without --fail-open: this fake fhmon accepts but cannot answer the start-up probe,
+    # after which a failing-open launcher would (rightly) run sleep unserved; and sleep
+    # takes no virtiofsd flags.
+    virtiofs["command"] = [*(arg for arg in containers.launcher_command(settings, "/data")
+                             if arg != "--fail-open" and not arg.startswith("--virtiofsd-")),
+                           "/usr/bin/sleep"]
+    virtiofs["args"] = ["60"]
+    rt = runc.Runtime()
     server = listen()
-    proc = subprocess.Popen([sys.executable, str(runtime), str(base / "spec.json")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            process_group=0)
+    proc = None
     try:
+        context = cri_spec.NodeContext(
+            rootfs=str(rt.rootfs("virtiofs", runc.Image())),
+            volume_paths={"data": str(share), "virtiofs-containers": str(base / "root"),
+                          containers.LAUNCHER_VOLUME: str(bundle)},
+            device_mounts=[cri_spec.DeviceMount(settings.socket.rpartition("/")[0],
+                                                str(host_dir), True)])
+        container_id, oci_bundle = rt.bundle(
+            "virtiofs", cri_spec.translate(pod, "virtiofs-data", context))
+        proc = subprocess.Popen(rt.run_argv(container_id, oci_bundle), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, process_group=0)
         first_conn, first = _accept_hello(server)
         # The old fhmon goes away (its pod is replaced); the new one makes a new socket.
         server.close()
@@ -171,10 +177,13 @@ def test_registers_again_through_the_read_only_socket_directory(bundle: Path) ->
         second_conn, second = _accept_hello(server)
         second_conn.close()
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=30)
+        err = ""
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate(timeout=30)
         server.close()
+        rt.close()   # the container (runc run was killed, not it), its mounts
         shutil.rmtree(base, ignore_errors=True)
     assert isinstance(first, native.Hello) and isinstance(second, native.Hello), err
     assert (second.target_pid, second.share) == (first.target_pid, "/data"), err

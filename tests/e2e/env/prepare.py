@@ -7,7 +7,8 @@ name here.  Nothing prebuilt is committed; every download lands in a cache direc
 (default /var/cache/fhmon-e2e, or $FHMON_E2E_CACHE) so a second run needs no network.
 
 What it does (each step skipped when its output is already there):
-  1. apt-get install qemu-system-x86 (bookworm) unless installed;
+  1. apt-get install qemu-system-x86 and runc (bookworm) unless installed (runc runs the
+     injected virt-launcher pod's containers in test_runc_e2e.py);
   2. apt-get download busybox-static and the current bookworm kernel (linux-image-*-amd64);
   3. apt-get download virtiofsd and the libraries it needs from trixie, through a private apt
      configuration (never installed system-wide: bookworm's glibc is too old for it);
@@ -53,7 +54,7 @@ TRIXIE_UNNEEDED = frozenset({"uidmap"})
 GUEST_MODULES = ("virtio_pci", "virtiofs")
 #: Folders whose module bytes are kept while reading the kernel package (others: depends= only).
 MODULE_FOLDERS = ("/kernel/drivers/virtio/", "/kernel/fs/fuse/")
-SYSTEM_PACKAGES = ("qemu-system-x86",)
+SYSTEM_PACKAGES = ("qemu-system-x86", "runc")
 #: Trixie's QEMU for the live migration test.  Its dependency closure is resolved by apt (against
 #: an empty dpkg status, so nothing installed on this machine counts) and only these packages and
 #: shared libraries are kept: -nodefaults means no NIC, so no iPXE option ROM is needed.
@@ -119,7 +120,8 @@ class AptState:
 
 
 def ensure_system_packages(apt: AptState) -> None:
-    """QEMU comes from bookworm and is installed normally (the e2e tests need it on PATH)."""
+    """QEMU and runc come from bookworm and are installed normally (the e2e tests need them
+    on PATH)."""
     missing = [p for p in SYSTEM_PACKAGES if not dpkg_installed(p)]
     if not missing:
         log(f"system packages present: {', '.join(SYSTEM_PACKAGES)}")
