@@ -63,6 +63,7 @@ def _run(arm: str, files: int, round_: int, *, fds: int, walk_s: float,
             "found": files if found is None else found, "walk_s": walk_s, "vm_s": walk_s + 20,
             "at_hold": {"virtiofsd_fds": fds, "virtiofsd_rss_kib": 6144,
                         "cgroup_kmem": 3 * inodes.MIB, "pinned_bytes": fds * 1512,
+                        "cgroup_kmem_squeezed": 2 * inodes.MIB,
                         "slab_growth": {"dentry": files, "ext4_inode_cache": files},
                         **({"fhmon_fds": 22, "fhmon_rss_kib": 40960} if arm == "fhmon" else {})}}
 
@@ -106,10 +107,10 @@ def test_markdown_table_and_section_replacement() -> None:
     table = inodes.markdown(report)
     rows = [line for line in table.splitlines() if line.startswith("| 1")]
     assert len(rows) == 6
-    assert rows[1].startswith("| 1,000 | fhmon | 20 | 6.0 | 3.0 | 0.0 | 22 / 40.0 | 1.65 (1.10x) |")
+    assert rows[1] == "| 1,000 | fhmon | 20 | 6.0 | 3.0 | 2.0 | 0.0 | 22 / 40.0 | 1.65 (1.10x) |"
     wall_row = next(r for r in rows if r.startswith("| 100,000 | unprivileged"))
     assert "**wall**: the guest saw 19,001 files" in wall_row and "| 20,000 |" in wall_row
-    assert "| 100,000 | fhmon, 1 failed | - |" in table
+    assert "| 100,000 | fhmon, 1 failed | - | - | - | - | - | - | - |" in table
     assert "load average 6.0 -> 7.5" in table
     doc = f"intro\n{inodes.BEGIN}\nold table\n{inodes.END}\noutro\n"
     want = f"intro\n{inodes.BEGIN}\nnew\n{inodes.END}\noutro\n"
