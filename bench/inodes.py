@@ -2,6 +2,8 @@
 
     python -m bench.inodes [--files 1000,10000,100000] [--rounds 3] [--per-dir 1000]
                            [--guest-memory 2G] [--json OUT] [--plot PNG] [--markdown MD]
+    python -m bench.inodes --from-json A.json [B.json ...] [--json OUT] [--plot PNG] ...
+                           (re-renders saved runs, merged: e.g. one big N run apart)
 
 Issue 26. The real guest of tests/e2e (an unmodified virtiofsd 1.13.2 serving a QEMU guest)
 runs guest/walk.sh over a tree of N empty files made on the host: `find -type f` (READDIRPLUS:
@@ -466,10 +468,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold", type=int, default=120,
                         help="how long the guest waits for the host's sample (s)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--from-json", type=Path, nargs="+",
+                        help="render these saved reports (merged) instead of running")
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--markdown", type=Path, action="append", default=[],
                         help="a file whose inodes markers get the table (repeatable)")
     args = parser.parse_args(argv)
+    if args.from_json:
+        saved = merge_reports([json.loads(p.read_text()) for p in args.from_json])
+        return render(saved, args.json, args.plot, args.markdown)
     sizes = [int(n) for n in args.files.split(",") if n]
     arms = [a for a in args.arms.split(",") if a]
     if set(arms) - set(ARMS):
@@ -514,16 +521,38 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             shutil.rmtree(home, ignore_errors=True)
     report["loadavg_after"] = os.getloadavg()
+    return render(report, args.json, args.plot, args.markdown)
+
+
+def render(report: dict[str, Any], json_out: Path | None, plot_out: Path | None,
+           markdowns: list[Path]) -> int:
+    """Summary, table (printed, and into each markdown file), JSON and plot of a report."""
     report["summary"] = summarize(report["runs"])
     table = markdown(report)
     print(table)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot:
-        plot(report, args.plot)
-    for md in args.markdown:
+    if json_out:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+    if plot_out:
+        plot(report, plot_out)
+    for md in markdowns:
         md.write_text(replace_section(md.read_text(), table))
     return 0 if all(r["ok"] for r in report["runs"]) else 1
+
+
+def merge_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report from several runs of the benchmark (their runs side by side; rounds is the
+    largest, the load averages span them all)."""
+    if not reports:
+        raise ValueError("no report to merge")
+    merged = {k: v for k, v in reports[0].items() if k not in ("runs", "summary")}
+    merged["runs"] = [r for rep in reports for r in rep["runs"]]
+    merged["rounds"] = max(rep["rounds"] for rep in reports)
+    merged["loadavg_before"] = reports[0]["loadavg_before"]
+    merged["loadavg_after"] = reports[-1]["loadavg_after"]
+    merged["guest_memory"] = "/".join(dict.fromkeys(rep["guest_memory"] for rep in reports))
+    merged["parts"] = [{k: rep.get(k) for k in ("rounds", "guest_memory", "loadavg_before",
+                                                  "loadavg_after")} for rep in reports]
+    return merged
 
 
 if __name__ == "__main__":

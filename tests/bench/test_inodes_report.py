@@ -117,3 +117,19 @@ def test_markdown_table_and_section_replacement() -> None:
     assert inodes.replace_section(doc, "new") == want
     with pytest.raises(ValueError):
         inodes.replace_section("no markers", "new")
+
+
+def test_merge_reports_keeps_every_run() -> None:
+    one, two = _report(), _report()
+    two["runs"] = [_run("fhmon", 1_000_000, 0, fds=20, walk_s=600.0)]
+    two.update(rounds=1, guest_memory="3G", loadavg_before=[9.0, 1, 1],
+               loadavg_after=[11.0, 1, 1])
+    merged = inodes.merge_reports([one, two])
+    assert len(merged["runs"]) == len(one["runs"]) + 1
+    assert merged["rounds"] == 3 and merged["guest_memory"] == "2G/3G"
+    assert (merged["loadavg_before"][0], merged["loadavg_after"][0]) == (6.0, 11.0)
+    merged["summary"] = inodes.summarize(merged["runs"])
+    assert list(merged["summary"]) == ["1000", "100000", "1000000"]
+    assert "| 1,000,000 | fhmon | 20 |" in inodes.markdown(merged)
+    with pytest.raises(ValueError):
+        inodes.merge_reports([])
