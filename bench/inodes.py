@@ -341,10 +341,21 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]
             entry["found"] = statistics.median(found) if found else None
             per_arm[arm] = entry
         root_walk = per_arm.get("root", {}).get("walk_s")
-        for entry in per_arm.values():
+        root_by_round = {r["round"]: r["walk_s"] for r in runs
+                         if r["files"] == files and r["arm"] == "root" and r["ok"]
+                         and r.get("walk_passed") and r.get("walk_s")}
+        for arm, entry in per_arm.items():
             walk_s = entry.get("walk_s")
             entry["walk_ratio"] = (round(walk_s / root_walk, 3)
                                    if walk_s is not None and root_walk else None)
+            # The same round's root run is the fairer yardstick under a drifting load.
+            ratios = [r["walk_s"] / root_by_round[r["round"]] for r in runs
+                      if r["files"] == files and r["arm"] == arm and r["ok"]
+                      and r.get("walk_passed") and r.get("walk_s") is not None
+                      and r["round"] in root_by_round]
+            entry["round_ratios"] = [round(x, 3) for x in ratios]
+            entry["median_round_ratio"] = (round(statistics.median(ratios), 3) if ratios
+                                           else None)
         out[str(files)] = per_arm
     return out
 
@@ -360,7 +371,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         "| files | virtiofsd | its fds | its RSS MiB | its kernel memory MiB "
         "| left after reclaim MiB | pinned by its fds MiB (computed) "
-        "| fhmon fds / RSS MiB | guest walk s (x root) |",
+        "| fhmon fds / RSS MiB | guest walk s (x root; per round) |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for files, per_arm in report["summary"].items():
@@ -370,7 +381,10 @@ def markdown(report: dict[str, Any]) -> str:
             pinned = _cell(s["pinned_bytes"], MIB, 1)
             fhmon = (f"{_cell(s['fhmon_fds'])} / {_cell(s['fhmon_rss_kib'], 1024, 1)}"
                      if s["fhmon_fds"] is not None else "-")
-            ratio = f" ({s['walk_ratio']:.2f}x)" if s["walk_ratio"] is not None else ""
+            ratio = f" ({s['walk_ratio']:.2f}x" if s["walk_ratio"] is not None else ""
+            if ratio and s.get("median_round_ratio") is not None:
+                ratio += f"; {s['median_round_ratio']:.2f}x"
+            ratio += ")" if ratio else ""
             failed = f", {s['failed']} failed" if s["failed"] else ""
             if s["walls"]:
                 failed += (f", **wall**: the guest saw {_cell(s['found'])} files"

@@ -88,6 +88,9 @@ def test_summarize_medians_walls_and_ratios() -> None:
     small = summary["1000"]
     assert small["root"]["walk_s"] == 1.5 and small["fhmon"]["walk_s"] == 1.65
     assert small["fhmon"]["walk_ratio"] == 1.1 and small["root"]["walk_ratio"] == 1.0
+    # Per round: 1.2/1.0, 2.0/2.0, 1.65/1.5.
+    assert small["fhmon"]["round_ratios"] == [1.2, 1.0, 1.1]
+    assert small["fhmon"]["median_round_ratio"] == 1.1
     assert small["unprivileged"]["virtiofsd_fds"] == 1020
     assert small["fhmon"]["fhmon_fds"] == 22 and small["root"]["fhmon_fds"] is None
     big = summary["100000"]
@@ -95,7 +98,7 @@ def test_summarize_medians_walls_and_ratios() -> None:
     wall = big["unprivileged"]
     assert (wall["runs"], wall["walls"], wall["found"]) == (3, 3, 19_001)
     assert wall["virtiofsd_fds"] == 20000 and wall["walk_s"] is None
-    assert wall["walk_ratio"] is None
+    assert wall["walk_ratio"] is None and wall["median_round_ratio"] is None
     # A run that was not sampled is counted as failed and left out.
     assert (big["fhmon"]["runs"], big["fhmon"]["failed"]) == (0, 1)
     assert big["fhmon"]["virtiofsd_fds"] is None
@@ -107,7 +110,8 @@ def test_markdown_table_and_section_replacement() -> None:
     table = inodes.markdown(report)
     rows = [line for line in table.splitlines() if line.startswith("| 1")]
     assert len(rows) == 6
-    assert rows[1] == "| 1,000 | fhmon | 20 | 6.0 | 3.0 | 2.0 | 0.0 | 22 / 40.0 | 1.65 (1.10x) |"
+    assert rows[1] == ("| 1,000 | fhmon | 20 | 6.0 | 3.0 | 2.0 | 0.0 | 22 / 40.0 "
+                       "| 1.65 (1.10x; 1.10x) |")
     wall_row = next(r for r in rows if r.startswith("| 100,000 | unprivileged"))
     assert "**wall**: the guest saw 19,001 files" in wall_row and "| 20,000 |" in wall_row
     assert "| 100,000 | fhmon, 1 failed | - | - | - | - | - | - | - |" in table
