@@ -395,7 +395,13 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {fhmon} | {_cell(s['walk_s'], 1, 2)}{ratio} |")
     load = report.get("loadavg_before", [0])[0], report.get("loadavg_after", [0])[0]
     lines.append("")
-    lines.append(f"Medians of {report['rounds']} rounds, {report['accel'].upper()} guest with "
+    rounds_at: dict[int, int] = {}
+    for r in report["runs"]:
+        rounds_at[r["files"]] = max(rounds_at.get(r["files"], 0), r["round"] + 1)
+    fewer = [f"{n} at {files:,} files" for files, n in sorted(rounds_at.items())
+             if n != report["rounds"]]
+    rounds = f"{report['rounds']} rounds" + (f" ({', '.join(fewer)})" if fewer else "")
+    lines.append(f"Medians of {rounds}, {report['accel'].upper()} guest with "
                  f"{report['guest_memory']} of memory, load average {load[0]:.1f} -> "
                  f"{load[1]:.1f} (a machine shared with other work: wall times are noisy; "
                  "fds, RSS and kernel memory are not).")

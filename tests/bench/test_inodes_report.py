@@ -134,6 +134,8 @@ def test_merge_reports_keeps_every_run() -> None:
     assert (merged["loadavg_before"][0], merged["loadavg_after"][0]) == (6.0, 11.0)
     merged["summary"] = inodes.summarize(merged["runs"])
     assert list(merged["summary"]) == ["1000", "100000", "1000000"]
-    assert "| 1,000,000 | fhmon | 20 |" in inodes.markdown(merged)
+    table = inodes.markdown(merged)
+    assert "| 1,000,000 | fhmon | 20 |" in table
+    assert "Medians of 3 rounds (1 at 1,000,000 files), TCG guest with 2G/3G" in table
     with pytest.raises(ValueError):
         inodes.merge_reports([])
