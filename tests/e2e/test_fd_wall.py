@@ -13,7 +13,7 @@ fds: the same walk, with the same limit, sees every file, and virtiofsd's fd cou
 its start-up count whatever the size of the tree.
 
 Kept small for CI under TCG: a limit of 1024 fds (414 for the guest) and 600 files; each run
-takes ~15 s. FHMON_TEST_CONFIG (the Python plane) applies through harness.fhmon_service.
+takes 15-25 s. FHMON_TEST_CONFIG (the Python plane) applies through harness.fhmon_service.
 """
 
 from __future__ import annotations
