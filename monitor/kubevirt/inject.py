@@ -6,7 +6,9 @@ capabilities). For those whose pod volume is a PersistentVolumeClaim (PVC and Da
 volumes both become one; monitor/kubevirt/volumes.py), the injection
 
 - wraps virtiofsd in `fhmon launch` run by a self-contained launcher that an init container
-  (from the fhmon image) copies into an emptyDir (the virt-launcher image has no Python);
+  (from the fhmon image) copies into an emptyDir (the virt-launcher image has no Python),
+  leaving KubeVirt's virtiofsd args as they are: the launcher adds the handle flags once
+  fhmon serves it, and otherwise runs KubeVirt's command line unchanged (fails open);
 - requests the device-plugin resource whose Allocate mounts fhmon's socket directory into
   the container (no hostPath in the pod);
 - gives a container that would run under a seccomp profile fhmon's replacement for it
