@@ -43,6 +43,25 @@ def filtered_child() -> tuple[int, int]:
     return pid, array.array("i", ancdata[0][2][:4])[0]
 
 
+def hello_answer(sock: socket.socket, hello: native.Hello, fds: list[int]) -> dict[str, object]:
+    """Send HELLO with fds on a connected socket; what fhmon answered, as one JSON object."""
+    sock.sendmsg([native.encode(hello)],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    decoder = native.FrameDecoder()
+    message = None
+    while message is None:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        decoder.feed(chunk)
+        message = decoder.next_message()
+    if isinstance(message, native.Refuse):
+        return {"kind": "refuse", "errno": message.errno, "reason": message.reason}
+    if isinstance(message, native.Accept):
+        return {"kind": "accept", "message": message.message}
+    return {"kind": "closed"}
+
+
 def main(argv: list[str]) -> int:
     sock_path, share, who = argv[:3]
     child_pid = 0
@@ -66,22 +85,7 @@ def main(argv: list[str]) -> int:
                 result = {"kind": "connect_error", "errno": exc.errno}
             else:
                 flags = native.HELLO_TARGET_PIDFD if by_pidfd else 0
-                sock.sendmsg([native.encode(native.Hello(target, share, "hostile", flags))],
-                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-                decoder = native.FrameDecoder()
-                message = None
-                while message is None:
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        break
-                    decoder.feed(chunk)
-                    message = decoder.next_message()
-                if isinstance(message, native.Refuse):
-                    result = {"kind": "refuse", "errno": message.errno, "reason": message.reason}
-                elif isinstance(message, native.Accept):
-                    result = {"kind": "accept", "message": message.message}
-                else:
-                    result = {"kind": "closed"}
+                result = hello_answer(sock, native.Hello(target, share, "hostile", flags), fds)
     finally:
         if child_pid:
             with contextlib.suppress(ProcessLookupError):

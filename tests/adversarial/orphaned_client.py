@@ -10,14 +10,13 @@ of a filtered child of its own; it prints one JSON line: what fhmon said.
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import socket
 import sys
 
 from protocol import native
-from tests.adversarial.hostile_client import filtered_child
+from tests.adversarial.hostile_client import filtered_child, hello_answer
 
 
 def main(argv: list[str]) -> int:
@@ -30,20 +29,7 @@ def main(argv: list[str]) -> int:
     _, listener = filtered_child()
     target = int(sys.stdin.readline())
     sock.settimeout(10)
-    sock.sendmsg([native.encode(native.Hello(target, share, "orphaned"))],
-                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [listener]))])
-    decoder = native.FrameDecoder()
-    message = None
-    while message is None:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        decoder.feed(chunk)
-        message = decoder.next_message()
-    if isinstance(message, native.Refuse):
-        result = {"kind": "refuse", "errno": message.errno, "reason": message.reason}
-    else:
-        result = {"kind": "accept" if isinstance(message, native.Accept) else "closed"}
+    result = hello_answer(sock, native.Hello(target, share, "orphaned"), [listener])
     print(json.dumps(result), flush=True)
     return 0
 

@@ -79,23 +79,34 @@ def _report(res: migration.MigrationResult) -> None:
         print(f"guest result={res.guest.result}")
 
 
-def _assert_clean_migration(res: migration.MigrationResult) -> None:
-    """Completed, the guest passed every check on the destination, nothing left behind."""
-    src, dst = res.source, res.destination
+def _assert_completed_with_the_guest_whole(res: migration.MigrationResult,
+                                           steps: tuple[str, ...]) -> None:
+    """Completed, and every check of the guest (`steps`) passed on the destination."""
     assert res.problems == [], res.summary()
     assert res.status == "completed", res.summary()
     assert (res.source_status_after, res.destination_status) == ("postmigrate", "running"), \
         res.summary()
     assert res.guest is not None and res.guest.workload_passed, res.summary()
-    assert tuple(res.guest.steps) == migration.GUEST_STEPS, res.summary()
+    assert tuple(res.guest.steps) == steps, res.summary()
     assert res.guest.failed_steps() == set(), res.summary()
     assert res.journal == migration.JOURNAL_TEXT, res.summary()
     assert res.made_after == migration.MADE_AFTER_TEXT + "\n", res.summary()
-    for side in (src, dst):
+
+
+def _assert_both_sides_unprivileged_and_clean(res: migration.MigrationResult) -> None:
+    """virtiofsd as uid 65534 with no capabilities on both ends, every process exited 0."""
+    for side in (res.source, res.destination):
         assert side.virtiofsd_uid.split() == [str(harness.NOBODY)] * 4, res.summary()
         assert side.virtiofsd_capeff == "0000000000000000", res.summary()
         assert (side.qemu_rc, side.virtiofsd_rc, side.fhmon_rc) == (0, 0, 0), res.summary()
         assert side.fhmon_problems == [], res.summary()
+
+
+def _assert_clean_migration(res: migration.MigrationResult) -> None:
+    """Completed, the guest passed every check on the destination, nothing left behind."""
+    _assert_completed_with_the_guest_whole(res, migration.GUEST_STEPS)
+    _assert_both_sides_unprivileged_and_clean(res)
+    for side in (res.source, res.destination):
         shutdown = side.fhmon_shutdown
         assert shutdown is not None and shutdown.get("registrations") == {"accepted": 1}, \
             res.summary()
@@ -152,10 +163,7 @@ def test_migration_from_fhmon_to_a_plain_virtiofsd_keeps_the_guests_files(
             launch_options=INJECTED_LAUNCH, destination_plain=True, symlinks=True)
     _report(res)
     src, dst = res.source, res.destination
-    assert res.problems == [], res.summary()
-    assert res.status == "completed", res.summary()
-    assert (res.source_status_after, res.destination_status) == ("postmigrate", "running"), \
-        res.summary()
+    _assert_completed_with_the_guest_whole(res, migration.GUEST_STEPS_WITH_SYMLINKS)
     # The source served by handle through fhmon, and still migrated by path.
     assert "--inode-file-handles=prefer" in src.virtiofsd_cmdline.split(), res.summary()
     assert "--migration-mode=find-paths" in src.virtiofsd_cmdline.split(), res.summary()
@@ -168,17 +176,7 @@ def test_migration_from_fhmon_to_a_plain_virtiofsd_keeps_the_guests_files(
     assert dst.fhmon_shutdown is not None, res.summary()
     assert not dst.fhmon_shutdown.get("registrations"), res.summary()
     assert dst.calls_during_migration("open_by_handle_at") == 0, res.summary()
-    # Every check of the guest passed on the destination, the symlinks' among them.
-    assert res.guest is not None and res.guest.workload_passed, res.summary()
-    assert tuple(res.guest.steps) == migration.GUEST_STEPS_WITH_SYMLINKS, res.summary()
-    assert res.guest.failed_steps() == set(), res.summary()
-    assert res.journal == migration.JOURNAL_TEXT, res.summary()
-    assert res.made_after == migration.MADE_AFTER_TEXT + "\n", res.summary()
-    for side in (src, dst):
-        assert side.virtiofsd_uid.split() == [str(harness.NOBODY)] * 4, res.summary()
-        assert side.virtiofsd_capeff == "0000000000000000", res.summary()
-        assert (side.qemu_rc, side.virtiofsd_rc, side.fhmon_rc) == (0, 0, 0), res.summary()
-        assert side.fhmon_problems == [], res.summary()
+    _assert_both_sides_unprivileged_and_clean(res)
     assert res.leftovers == [], res.summary()
 
 
