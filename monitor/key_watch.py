@@ -1,6 +1,10 @@
 """Watching the key directory: a Kubernetes Secret update swaps a symlink, so fhmon
-compares the directory's names, inodes, mtimes and sizes once a second and reloads the
-ring when they change (inotify would miss a change made through the swapped link)."""
+compares the directory's names, inodes, mtimes and sizes once a second with what they were
+at the last load (the watcher's own or a SIGHUP's, failed or not) and loads again when they
+differ (inotify would miss a change made through the swapped link). Comparing with the last
+load rather than the last tick is what recovers a SIGHUP that found the directory broken
+and a repair that restored it within one tick: the directory is then as the watcher last
+saw it, but not as it was when the failed load read it."""
 
 from __future__ import annotations
 
@@ -24,12 +28,11 @@ def key_dir_fingerprint(key_dir: str) -> tuple[Any, ...]:
 
 
 async def watch_key_dir(key_dir: str, reload: Callable[[], object],
+                        loaded_from: Callable[[], tuple[Any, ...]],
                         interval: float = 1.0) -> None:
-    """Call reload() whenever the key directory's fingerprint changes (until cancelled)."""
-    last = key_dir_fingerprint(key_dir)
+    """Call reload() whenever the key directory's fingerprint differs from loaded_from(),
+    the fingerprint taken just before the last load began (until cancelled)."""
     while True:
         await trio.sleep(interval)
-        now = key_dir_fingerprint(key_dir)
-        if now != last:
-            last = now
+        if key_dir_fingerprint(key_dir) != loaded_from():
             reload()

@@ -29,7 +29,7 @@ from monitor.hardening import lock_down
 from monitor.intake import Intake
 from monitor.intake_socket import open_intake_socket
 from monitor.keeper_client import KeeperClient
-from monitor.key_watch import watch_key_dir
+from monitor.key_watch import key_dir_fingerprint, watch_key_dir
 from monitor.listener import Listener
 from monitor.metrics import CallStats
 from monitor.policy import RegistrationRefused
@@ -56,9 +56,14 @@ class MetricsAddressError(OSError):
 
 
 class Service:
-    def __init__(self, config: Config, keys: KeyRing) -> None:
+    def __init__(self, config: Config, keys: KeyRing,
+                 keys_loaded_from: tuple[Any, ...] | None = None) -> None:
+        """keys_loaded_from: the key directory's fingerprint taken before `keys` were
+        loaded (taken now when not given), so that a change made since is reloaded."""
         self.config = config
         self.keys = keys
+        self.keys_loaded_from = (key_dir_fingerprint(config.key_dir)
+                                 if keys_loaded_from is None else keys_loaded_from)
         self.stats = CallStats()
         self.targets: dict[int, Target] = {}
         self._ids = itertools.count(1)
@@ -78,6 +83,7 @@ class Service:
 
     # --- keys -------------------------------------------------------------------------
     def reload_keys(self) -> bool:
+        self.keys_loaded_from = key_dir_fingerprint(self.config.key_dir)  # before reading
         try:
             ring = KeyRing.load(self.config.key_dir)
             if self._plane is not None:
@@ -139,7 +145,8 @@ class Service:
                     nursery.start_soon(self._run_data_plane, self._plane)
                 for worker in self._workers:
                     nursery.start_soon(self._supervise_worker, worker)
-                nursery.start_soon(watch_key_dir, self.config.key_dir, self.reload_keys)
+                nursery.start_soon(watch_key_dir, self.config.key_dir, self.reload_keys,
+                                   lambda: self.keys_loaded_from)
                 nursery.start_soon(self.sweep_threads)
                 if self.config.metrics_address:
                     from monitor.prom import serve_http

@@ -14,6 +14,7 @@ from monitor.commands.running import report_failure, run_service
 
 
 def serve(args: argparse.Namespace) -> int:
+    from monitor.key_watch import key_dir_fingerprint
     from monitor.server import Service
 
     overrides: dict[str, Any] = {}
@@ -50,6 +51,7 @@ def serve(args: argparse.Namespace) -> int:
             print(f"fhmon serve: cannot prepare {config.state_dir}: {exc}", file=sys.stderr)
             return 1
     log.setup(config.log_level)
+    keys_loaded_from = key_dir_fingerprint(config.key_dir)  # before reading: see key_watch
     try:
         keys = signing.KeyRing.load(config.key_dir)
     except signing.KeyDirError as exc:
@@ -59,7 +61,7 @@ def serve(args: argparse.Namespace) -> int:
         log.event("allow_matches_nothing", logging.WARNING, glob=pattern,
                   hint="no share can be registered under it until a directory matching it "
                        "exists; check it for typos")
-    service = Service(config, keys)
+    service = Service(config, keys, keys_loaded_from)
     try:
         run_service(service.serve, on_hangup=service.reload_keys, log_stopping=True,
                     before_stop=service.before_stop)

@@ -145,7 +145,7 @@ def test_too_many_keys_are_refused_and_the_old_keys_serve(world: World) -> None:
                 pytest.fail("fhmon serve started with more than MAX_KEYS keys")
             for path in added:
                 path.unlink()
-            assert wait_until(lambda: _probe(service) == 0, 30)
+            assert wait_until(lambda: _probe(service) == 0, 30), service.log_text()[-3000:]
         finally:
             agent.close()
 
