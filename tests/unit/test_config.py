@@ -464,3 +464,43 @@ def test_retired_answering_modes_are_refused_with_the_reason(key: str, value: bo
     with pytest.raises(ConfigError, match=f"test.toml: config key '{key}' was retired: .*"
                        r"us of CPU per .*docs/performance.md"):
         _apply({key: value})
+
+
+# --- the documented table -------------------------------------------------------------------
+
+
+def _documented_rows() -> dict[str, list[str]]:
+    """docs/operations.md's configuration table: key -> [type, default, flag, what]."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 5:
+            rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def test_the_documented_table_has_every_key_once() -> None:
+    assert sorted(_documented_rows()) == ALL_KEYS
+
+
+def test_the_documented_defaults_are_what_print_config_prints() -> None:
+    printed = tomllib.loads(cfg.embedded_default(cfg.DEFAULT_STATE_DIR).to_toml())
+    for key, (_, default, _, _) in _documented_rows().items():
+        if default == "unset":
+            assert key not in printed, key
+        else:
+            assert tomllib.loads(f"v = {default.strip('`')}")["v"] == printed[key], key
+
+
+def test_the_documented_flags_set_their_keys() -> None:
+    from monitor.cli import build_parser
+
+    parser = build_parser()
+    serve = next(a for a in parser._subparsers._group_actions  # type: ignore[union-attr]
+                 if a.dest == "command").choices["serve"]
+    dests = {opt: action.dest for action in serve._actions for opt in action.option_strings}
+    for key, (_, _, flag, _) in _documented_rows().items():
+        for named in flag.replace("(repeatable)", "").split():
+            assert dests[named.strip("`")] == key, (key, flag)
