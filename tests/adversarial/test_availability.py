@@ -1,8 +1,8 @@
 """Availability: one target's call must never stall another target, the intake or a probe.
 
-Issue 15 item 6, as real attacks by a target of uid 65534 under `fhmon launch`, each made
-on the native plane (the default: per target its own native threads, none holding the GIL)
-and on the python reference plane (one dispatch thread answers every target):
+Real attacks by a target of uid 65534 under `fhmon launch`, each made on the native plane
+(the default: per target its own native threads, none holding the GIL) and on the python
+reference plane (one dispatch thread answers every target):
 
 - a write lease (F_SETLEASE F_WRLCK) on its own file, then open_by_handle_at of that file:
   fhmon's open must wait for the lease break (/proc/sys/fs/lease-break-time, raised to

@@ -1,4 +1,4 @@
-"""After a restart, the keeper's stop/continue reaches only its own targets (issue 17 item 12).
+"""After a restart, the keeper's stop/continue reaches only its own targets.
 
 Found: after a restart the keeper's records were acted on by pid: fhmon SIGSTOPped and
 SIGCONTinued the pid a deposited target once had, which had passed to another user's

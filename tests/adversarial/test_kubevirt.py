@@ -1,6 +1,6 @@
 """Attacks on the KubeVirt pieces: the launcher copied into virt-launcher pods and the
-admission webhook (issue 18). The webhook runs on loopback with a self-signed certificate,
-as in tests/unit/test_kubevirt_webhook.py; the launcher is the bundle of
+admission webhook. The webhook runs on loopback with a self-signed certificate, as in
+tests/unit/test_kubevirt_webhook.py; the launcher is the bundle of
 tests/unit/test_kubevirt_bundle.py."""
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ async def test_webhook_oversized_and_slow_requests(server: Server, record: Recor
 
 
 # --------------------------------------------------------------------------------------------
-# The webhook as deployed (issue 24, items 3 and 4): its own process, the Deployment's memory
-# limit, the API server's timeout, attackers from other addresses than the API server's.
+# The webhook as deployed: its own process, the Deployment's memory limit, the API server's
+# timeout, attackers from other addresses than the API server's.
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "components" / "kubevirt-webhook"
 MiB = 2**20

@@ -1,4 +1,4 @@
-"""The native plane survives a panic in a call's work (issue 16 item 2).
+"""The native plane survives a panic in a call's work.
 
 A real target (uid 65534 under the real handle filter) is served by a monitor._native.Plane
 made in this process, so that its test hook (Plane.panic_next_calls) can make the work of
