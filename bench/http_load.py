@@ -44,7 +44,9 @@ def under(attacker: Attacker, agent: Agent, calls: int) -> tuple[float, float]:
     while attacker.holding < min(attacker.count, 64) and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
-        return latency(agent, calls)
+        measured = latency(agent, calls)
+        attacker.check()  # a figure measured after the attack died is not one under attack
+        return measured
     finally:
         attacker.stop.set()
         thread.join(10)

@@ -230,6 +230,8 @@ def attacking(attacker: Attacker) -> Iterator[Attacker]:
     try:
         assert wait_for(lambda: attacker.holding >= min(attacker.count, 100), 20), attacker
         yield attacker
+        attacker.check()  # it attacked all along, to the end of the test
+        assert thread.is_alive(), attacker
     finally:
         attacker.stop.set()
         thread.join(10)

@@ -313,6 +313,8 @@ def test_webhook_memory_under_concurrent_amplification(tmp_path: Path,
         took: list[float] = []
         try:
             answers = _attack_for(process, 12, floods, took)
+            for attacker in silent:
+                attacker.check()  # they held their connections all along
         finally:
             for attacker in silent:
                 attacker.stop.set()
@@ -361,6 +363,8 @@ def test_webhook_answers_while_handshakes_stall(tmp_path: Path, record: Recorder
                 answers.append(real_review(process.port))
                 probes.append(_get(process.port, "/healthz"))
                 time.sleep(0.2)
+            for attacker in attackers:
+                attacker.check()  # they stalled handshakes all along
         finally:
             for attacker in attackers:
                 attacker.stop.set()
