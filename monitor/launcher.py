@@ -21,6 +21,7 @@ import socket
 import struct
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import trio
@@ -130,6 +131,25 @@ def served_argv(argv: list[str], options: Options) -> list[str]:
     if options.virtiofsd_handles is not None:
         out.append(f"--inode-file-handles={options.virtiofsd_handles}")
     return out + rest
+
+
+NATIVE_LAUNCHER = Path(__file__).resolve().parent / "_bin" / "fhmon-launch"
+
+
+def native_argv(socket_path: str, share: str, user: UserSpec | None, argv: list[str],
+                options: Options) -> list[str]:
+    """The native launcher's command line for what `fhmon launch` was asked (ids resolved
+    here, through NSS, so that names mean what they meant before)."""
+    out = [str(NATIVE_LAUNCHER), "launch", "--socket", socket_path, "--share", share]
+    if user is not None:
+        out += ["--user", f"{user.uid}:{user.gid}"]
+    if options.fail_open:
+        out.append("--fail-open")
+    if options.virtiofsd_handles is not None:
+        out.append(f"--virtiofsd-handles={options.virtiofsd_handles}")
+    if options.migration_by_handle:
+        out.append("--virtiofsd-migration=file-handles")
+    return [*out, f"--registration-timeout={options.registration_timeout!r}", "--", *argv]
 
 
 def launch(socket_path: str, share: str, user: UserSpec | None, argv: list[str],

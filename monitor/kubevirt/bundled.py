@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     launch.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     os.register_at_fork(after_in_parent=_not_dumpable)
-    return node.launch(args)  # as `fhmon launch` does
+    return node.launch_in_python(args)
 
 
 if __name__ == "__main__":
