@@ -39,6 +39,8 @@ if [ "$seconds" -gt 0 ]; then
         echo "rust_checks: no cargo-fuzz or nightly toolchain: a longer stable property loop instead"
         (cd native && FHMON_FUZZ_ITERATIONS=$((seconds * 200000)) \
             cargo test --quiet --locked --no-default-features --release --test parsers)
+        (cd native && FHMON_FUZZ_ITERATIONS=$((seconds * 50000)) \
+            cargo test --quiet --locked -p fhmon-launch --release --test parsers)
     fi
 fi
 echo "rust_checks: ok"

@@ -17,5 +17,6 @@ pub mod args;
 pub mod channel;
 pub mod errnames;
 pub mod filter;
+pub mod fuzzing;
 pub mod run;
 pub mod users;
