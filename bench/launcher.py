@@ -13,16 +13,16 @@ real `fhmon serve`, CMD as uid 65534):
            directly: exec to CMD's exec (registration with fhmon and the start-up probe
            included) plus the few microseconds from CMD's exit to the launcher's
 
-Launchers: `native` (monitor/_bin/fhmon-launch, one static file), `cli` (`fhmon launch`:
-CPython's argparse, then exec of the native one; not what pods run), and `bundle` (the
-CPython bundle of monitor/kubevirt/bundle.py) while that module exists. Runs are
+Launchers: `native` (monitor/_bin/fhmon-launch, one static file: what pods run) and `cli`
+(`fhmon launch`: CPython's argparse, then exec of the native one). The CPython bundle the
+native launcher replaced (monitor/kubevirt/bundle.py, removed since) was measured by this
+benchmark in the same runs before it went; its figures are in docs/performance.md. Runs are
 interleaved (one of each in turn) so that a busy machine weighs on all alike. Root only.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -47,16 +47,6 @@ def install_native(dest: Path) -> list[str]:
     dest.mkdir()
     shutil.copy2(launcher.NATIVE_LAUNCHER, dest / "fhmon-launch")
     return [str(dest / "fhmon-launch"), "launch"]
-
-
-def install_bundle(dest: Path) -> list[str] | None:
-    if importlib.util.find_spec("monitor.kubevirt.bundle") is None:
-        return None
-    from monitor.kubevirt import bundle  # the CPython bundle, until it is removed
-
-    bundle.install_launcher(dest)
-    return [str(dest / "ld.so"), "--library-path", str(dest / "lib"),
-            str(dest / "bin" / "python3"), "-I", "-m", "monitor.kubevirt.bundled", "launch"]
 
 
 def memory_kib(pid: int) -> tuple[int, int]:
@@ -117,10 +107,6 @@ def main() -> int:
                    "--fail-open", "--virtiofsd-handles=prefer"]
         launchers: dict[str, list[str]] = {"native": install_native(base / "native")}
         disk = {"native": tree_size(base / "native")}
-        bundled = install_bundle(base / "bundle")
-        if bundled is not None:
-            launchers["bundle"] = bundled
-            disk["bundle"] = tree_size(base / "bundle")
         launchers["cli"] = [FHMON, "launch"]
         memory = {name: resident(prefix, options) for name, prefix in launchers.items()}
         times: dict[str, list[float]] = {name: [] for name in [*launchers, "direct"]}
@@ -134,16 +120,19 @@ def main() -> int:
     direct = statistics.median(times["direct"])
     result: dict[str, Any] = {"runs": args.runs, "loadavg": [load_before, loadavg()],
                               "direct_true_ms": round(direct * 1000, 3), "launchers": {}}
-    print(f"{'launcher':<8} {'disk':>10} {'RSS':>9} {'PSS':>9} {'start (ms)':>11}")
+    print(f"{'launcher':<8} {'disk':>10} {'RSS':>9} {'PSS':>9} {'start (ms)':>11} "
+          f"{'p90 (ms)':>9}")
     for name in launchers:
         rss, pss = memory[name]
         start_ms = (statistics.median(times[name]) - direct) * 1000
+        p90_ms = (statistics.quantiles(times[name], n=10)[-1] - direct) * 1000
         size = disk.get(name)
         result["launchers"][name] = {"disk_bytes": size, "rss_kib": rss, "pss_kib": pss,
-                                     "start_ms": round(start_ms, 3)}
+                                     "start_ms": round(start_ms, 3),
+                                     "start_p90_ms": round(p90_ms, 3)}
         shown = f"{size / 1e6:.2f} MB" if size is not None else "-"
         print(f"{name:<8} {shown:>10} {rss / 1024:>5.2f} MiB {pss / 1024:>5.2f} MiB "
-              f"{start_ms:>11.2f}")
+              f"{start_ms:>11.2f} {p90_ms:>9.2f}")
     print(f"(/bin/true alone: {direct * 1000:.2f} ms; median of {args.runs}; load "
           f"{load_before[0]:.2f} -> {result['loadavg'][1][0]:.2f})")
     if args.json is not None:

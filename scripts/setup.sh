@@ -67,17 +67,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
     touch "$stamp"
 fi
 # The native launcher (native/launcher): `fhmon launch` execs it, and `fhmon install-launcher`
-# copies it into KubeVirt's pods. Static (glibc's libc.a, +crt-static), so that it runs in any
-# image; built into monitor/_bin/, which the package ships (pyproject.toml).
+# copies it into KubeVirt's pods (scripts/build-launcher.sh says how it is built).
 launcher=monitor/_bin/fhmon-launch
 if [ ! -x "$launcher" ] \
         || [ -n "$(find native/src native/launcher native/Cargo.toml native/Cargo.lock -newer "$launcher" 2>/dev/null | head -1)" ]; then
     echo "setup.sh: building the native launcher ($launcher)"
-    host=$(rustc -vV | sed -n 's/^host: //p')
-    flags_var="CARGO_TARGET_$(echo "$host" | tr 'a-z.-' 'A-Z__')_RUSTFLAGS"
-    (cd native && env "$flags_var=-C target-feature=+crt-static" \
-        cargo build --quiet --locked --profile launcher -p fhmon-launch --target "$host")
-    mkdir -p monitor/_bin
-    install -m 0755 "native/target/$host/launcher/fhmon-launch" "$launcher"
+    bash scripts/build-launcher.sh
 fi
 echo "setup.sh: ready (.venv/bin/fhmon)"

@@ -8,7 +8,7 @@ import sys
 
 
 def add_launch_options(launch: argparse.ArgumentParser) -> None:
-    """The options `fhmon launch` and the bundled KubeVirt launcher share."""
+    """The launch options (the native launcher takes the same ones)."""
     launch.add_argument("--fail-open", action="store_true",
                         help="when fhmon cannot serve CMD (unreachable, silent, refusing, no "
                         "filter, or the start-up handle probe fails), run CMD exactly as "
@@ -59,32 +59,6 @@ def launch(args: argparse.Namespace) -> int:
         print(f"fhmon launch: cannot run the native launcher {native[0]}: {exc.strerror} "
               f"(scripts/setup.sh builds it)", file=sys.stderr)
     return 125
-
-
-def launch_in_python(args: argparse.Namespace) -> int:
-    """The CPython launcher, for the bundle `fhmon install-launcher` copies (until the bundle
-    gives way to the native launcher)."""
-    from monitor import launcher
-
-    argv = list(args.command)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    try:
-        user = launcher.parse_user(args.user) if args.user else None
-        timeout = args.registration_timeout
-        if timeout is None:
-            timeout = launcher.FAIL_OPEN_TIMEOUT if args.fail_open else \
-                launcher.REGISTRATION_TIMEOUT
-        if not timeout > 0:
-            raise launcher.LaunchError("--registration-timeout must be positive")
-        options = launcher.Options(
-            fail_open=args.fail_open, virtiofsd_handles=args.virtiofsd_handles,
-            migration_by_handle=args.virtiofsd_migration == "file-handles",
-            registration_timeout=timeout)
-        return launcher.launch(args.socket, args.share, user, argv, options)
-    except launcher.LaunchError as exc:
-        print(f"fhmon launch: {exc}", file=sys.stderr)
-        return 125
 
 
 def check(args: argparse.Namespace) -> int:

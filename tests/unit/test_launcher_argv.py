@@ -1,22 +1,16 @@
 """What the launcher execs once fhmon serves: virtiofsd's own argv with the handle flags.
 
-Held for the native launcher (its hidden `served-argv` command prints what it would exec)
-and for the Python one the CPython bundle still runs, alike."""
+Asked of the native launcher: its hidden `served-argv` command prints what it would exec."""
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
-
-import pytest
 
 from monitor import launcher
 from monitor.launcher import Options
 
-Served = Callable[[list[str], Options], list[str]]
 
-
-def _native(argv: list[str], options: Options) -> list[str]:
+def served_argv(argv: list[str], options: Options) -> list[str]:
     flags = []
     if options.virtiofsd_handles is not None:
         flags.append(f"--virtiofsd-handles={options.virtiofsd_handles}")
@@ -28,32 +22,28 @@ def _native(argv: list[str], options: Options) -> list[str]:
     return [arg.decode() for arg in out[:-1].split(b"\0")]
 
 
-@pytest.fixture(params=["native", "python"])
-def served_argv(request: pytest.FixtureRequest) -> Served:
-    return _native if request.param == "native" else launcher.served_argv
-
 KUBEVIRT = ["/usr/libexec/virtiofsd", "--socket-path=/s.sock", "--shared-dir=/disk",
             "--cache=auto", "--sandbox=none", "--migration-mode=find-paths",
             "--migration-on-error=guest-error"]
 
 
-def test_nothing_asked_nothing_changed(served_argv: Served) -> None:
+def test_nothing_asked_nothing_changed() -> None:
     assert served_argv(KUBEVIRT, Options()) == KUBEVIRT
 
 
-def test_handles_added_and_replacing_any_given(served_argv: Served) -> None:
+def test_handles_added_and_replacing_any_given() -> None:
     argv = [*KUBEVIRT, "--inode-file-handles=never", "--inode-file-handles", "never", "-x"]
     assert served_argv(argv, Options(virtiofsd_handles="prefer")) == [
         *KUBEVIRT, "-x", "--inode-file-handles=prefer"]
 
 
-def test_handles_go_last_so_a_loader_keeps_its_own_options_first(served_argv: Served) -> None:
+def test_handles_go_last_so_a_loader_keeps_its_own_options_first() -> None:
     argv = ["/lib/ld.so", "--library-path", "/lib", "/usr/libexec/virtiofsd", "--xattr"]
     assert served_argv(argv, Options(virtiofsd_handles="prefer")) == [
         *argv, "--inode-file-handles=prefer"]
 
 
-def test_migration_by_handle_only_where_a_mode_was_given(served_argv: Served) -> None:
+def test_migration_by_handle_only_where_a_mode_was_given() -> None:
     options = Options(virtiofsd_handles="mandatory", migration_by_handle=True)
     assert served_argv(KUBEVIRT, options) == [
         *["--migration-mode=file-handles" if a.startswith("--migration-mode") else a
@@ -63,7 +53,7 @@ def test_migration_by_handle_only_where_a_mode_was_given(served_argv: Served) ->
     assert "--migration-mode=file-handles" not in served_argv(KUBEVIRT[:5], options)
 
 
-def test_arguments_after_a_double_dash_are_left_alone(served_argv: Served) -> None:
+def test_arguments_after_a_double_dash_are_left_alone() -> None:
     argv = ["cmd", "--", "--inode-file-handles=never", "--migration-mode=x"]
     assert served_argv(argv, Options(virtiofsd_handles="prefer", migration_by_handle=True)) \
         == ["cmd", "--inode-file-handles=prefer", "--", "--inode-file-handles=never",

@@ -32,7 +32,20 @@ pub struct Options {
 pub enum Mode {
     Launch,
     ServedArgv,
+    /// -h or --help: print USAGE
+    Help,
 }
+
+/// What --help prints.
+pub const USAGE: &str =
+    "usage: fhmon-launch [launch] --socket PATH --share DIR [--user USER[:GROUP]]
+                    [--fail-open] [--virtiofsd-handles {prefer,mandatory}]
+                    [--virtiofsd-migration file-handles] [--registration-timeout SECONDS]
+                    -- CMD ...
+
+Run CMD under fhmon's handle filter, registered with the fhmon at --socket (the native
+`fhmon launch`; see `fhmon launch --help` and docs/kubevirt.md, \"The launcher\").
+";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Invocation {
@@ -87,6 +100,10 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Invocation, UsageError> {
             _ => (arg.as_slice(), None),
         };
         let name_text = String::from_utf8_lossy(name).into_owned();
+        if name == b"-h" || name == b"--help" {
+            mode = Mode::Help;
+            continue;
+        }
         if name == b"--fail-open" {
             if inline.is_some() {
                 return Err(UsageError(
@@ -160,7 +177,7 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Invocation, UsageError> {
     let argv = rest[i..].to_vec();
     let share = match (share, &mode) {
         (Some(s), _) => s,
-        (None, Mode::ServedArgv) => String::new(),
+        (None, Mode::ServedArgv | Mode::Help) => String::new(),
         (None, Mode::Launch) => {
             return Err(UsageError(
                 "the following arguments are required: --share".into(),
@@ -169,7 +186,7 @@ pub fn parse(args: &[Vec<u8>]) -> Result<Invocation, UsageError> {
     };
     let socket = match (socket, &mode) {
         (Some(s), _) => s,
-        (None, Mode::ServedArgv) => Vec::new(),
+        (None, Mode::ServedArgv | Mode::Help) => Vec::new(),
         (None, Mode::Launch) => {
             return Err(UsageError(
                 "the following arguments are required: --socket".into(),

@@ -60,6 +60,10 @@ pub fn main_with(args: &[Vec<u8>]) -> i32 {
             return 2;
         }
     };
+    if invocation.mode == Mode::Help {
+        print!("{}", args::USAGE);
+        return 0;
+    }
     if invocation.mode == Mode::ServedArgv {
         let mut out = std::io::stdout().lock();
         for arg in args::served_argv(&invocation.argv, &invocation.options) {
