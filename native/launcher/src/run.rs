@@ -609,15 +609,27 @@ fn start(
     let place = reg.place();
     let deadline = Instant::now() + timeout;
     let fall_back = |text: String| Start::Done(Outcome::FallBack(text));
-    let sock = match reg.send_hello() {
-        Ok(sock) => sock,
-        Err(RegError::Os(e)) => {
-            return fall_back(format!(
-                "cannot reach fhmon at {place}: {}",
-                errnames::text(e)
-            ));
+    let sock = loop {
+        match reg.send_hello() {
+            Ok(sock) => break sock,
+            // a full backlog: fhmon is there but busy; try again until the deadline
+            Err(RegError::Os(libc::EAGAIN)) => {
+                let soon = (Instant::now() + Duration::from_millis(10)).min(deadline);
+                if let Ready::Signal(sig) = wait(&[], signals, Some(soon)) {
+                    return Start::Stopped(sig);
+                }
+                if Instant::now() >= deadline {
+                    return fall_back(format!("fhmon at {place} did not answer within {shown}s"));
+                }
+            }
+            Err(RegError::Os(e)) => {
+                return fall_back(format!(
+                    "cannot reach fhmon at {place}: {}",
+                    errnames::text(e)
+                ));
+            }
+            Err(RegError::Launch(text)) => return fall_back(text),
         }
-        Err(RegError::Launch(text)) => return fall_back(text),
     };
     let mut decoder = FrameDecoder::new();
     let answer = loop {
