@@ -11,7 +11,8 @@ fn argv_of(data: &[u8]) -> Vec<Vec<u8>> {
 
 /// args::parse and served_argv: with no handle or migration flag asked, CMD is untouched;
 /// otherwise argv[0] and everything from CMD's own "--" on stay as given, and an asked
-/// handle mode is the one --inode-file-handles left, last before that "--".
+/// handle mode is the one --inode-file-handles left, last before that "--" (where no flag
+/// without "=" took that "--" for its value).
 pub fn arguments(data: &[u8]) {
     let Ok(inv) = args::parse(&argv_of(data)) else {
         return;
@@ -32,6 +33,14 @@ pub fn arguments(data: &[u8]) {
         argv[at.min(argv.len())..].to_vec()
     };
     let kept = tail(&inv.argv);
+    // A flag given without "=" takes the next argument as its value, whatever it is (a
+    // "--" too, as the Python launcher did): only without such a flag is the tail certain.
+    let bare = |a: &Vec<u8>| {
+        a.as_slice() == b"--inode-file-handles" || a.as_slice() == b"--migration-mode"
+    };
+    if inv.argv.iter().skip(1).any(bare) {
+        return;
+    }
     assert!(served.ends_with(&kept));
     if let Some(mode) = o.virtiofsd_handles {
         let head = &served[..served.len() - kept.len()];
