@@ -3,12 +3,12 @@
     python -m bench.e2e_wall [--rounds 3] [--arms root,fhmon,fhmon-workers1]
                              [--mode prefer] [--json OUT]
 
-Issue 16's target: the guest workload of tests/e2e (an unmodified virtiofsd 1.13.2 serving
-a QEMU guest that boots, creates, appends, reads back, stats, renames, links, chmods,
-unlinks, lists and checksums a tree, then drops its caches and walks it again) within 1.1x
-of root virtiofsd's wall time. Each round runs every arm once, in an order that rotates
-from round to round (so that drift of the machine's load weighs on every arm), with the
-same virtiofsd command line (--inode-file-handles=MODE, --sandbox=none):
+The target: the guest workload of tests/e2e (an unmodified virtiofsd 1.13.2 serving a QEMU
+guest that boots, creates, appends, reads back, stats, renames, links, chmods, unlinks,
+lists and checksums a tree, then drops its caches and walks it again) within 1.1x of root
+virtiofsd's wall time. Each round runs every arm once, in an order that rotates from round
+to round (so that drift of the machine's load weighs on every arm), with the same
+virtiofsd command line (--inode-file-handles=MODE, --sandbox=none):
 
   root            virtiofsd as root: the kernel's own file handles
   fhmon           virtiofsd as uid 65534 under `fhmon launch`, `fhmon serve` with its

@@ -4,10 +4,10 @@
                              [--attackers storm,long_paths,symlinks,lease] [--json OUT]
                              [--variant NAME:key=value,...]
 
-Issue 15 item 7 (a neighbour's p99 within 3x of alone under amplification) and issue 16's
-isolation target (<= 2x beside a target blocking its own calls). One `fhmon serve` per
-data plane; the neighbour (uid 65534 under `fhmon launch`) makes `--calls` lookups on one
-thread; the attackers, each a real target of uid 65534:
+The bounds: a neighbour's p99 within 3x of alone under amplification, and its isolation
+target (<= 2x beside a target blocking its own calls). One `fhmon serve` per data plane;
+the neighbour (uid 65534 under `fhmon launch`) makes `--calls` lookups on one thread; the
+attackers, each a real target of uid 65534:
 
   storm       name_to_handle_at of a short path on 4 threads in the tightest loop it can
   long_paths  the same with 4 KiB paths of 2,041 components ("./" x 2040 + "file")

@@ -5,9 +5,9 @@
     python -m bench.inodes --from-json A.json [B.json ...] [--json OUT] [--plot PNG] ...
                            (re-renders saved runs, merged: e.g. one big N run apart)
 
-Issue 26. The real guest of tests/e2e (an unmodified virtiofsd 1.13.2 serving a QEMU guest)
-runs guest/walk.sh over a tree of N empty files made on the host: `find -type f` (READDIRPLUS:
-a LOOKUP of every entry) then `ls -lR` (an lstat of every entry); the guest keeps its dentries,
+The real guest of tests/e2e (an unmodified virtiofsd 1.13.2 serving a QEMU guest) runs
+guest/walk.sh over a tree of N empty files made on the host: `find -type f` (READDIRPLUS: a
+LOOKUP of every entry) then `ls -lR` (an lstat of every entry); the guest keeps its dentries,
 so virtiofsd still knows every inode when the host samples it (the guest waits for that). Arms,
 each with the same virtiofsd command line (--sandbox=none and its default --rlimit-nofile:
 min(1,000,000, nr_open), or the hard limit it inherits when it cannot raise it, as in a

@@ -329,10 +329,10 @@ def _mount_fd_rows(pid: int, pidfd: int, n: int) -> list[dict[str, Any]]:
 
 
 def _own_fd_rows(n: int) -> list[dict[str, Any]]:
-    """The path of one of fhmon's own fds (before issue 15 the inside-the-share check
-    readlinked the object and the share root on a plain-directory share; now it walks '..'
-    by fd, and only the share root's path and a file on a filesystem without a generic
-    handle layout are still read this way)."""
+    """The path of one of fhmon's own fds (the inside-the-share check once readlinked the
+    object and the share root on a plain-directory share; now it walks '..' by fd, and only
+    the share root's path and a file on a filesystem without a generic handle layout are
+    still read this way)."""
     group = "path of one of fhmon's fds (plain-directory share: 2 per name_to_handle_at)"
     tree = tempfile.mkdtemp(prefix="fhmon-levers-", dir="/tmp")
     deep = os.path.join(tree, "share", "dir", "inner")

@@ -254,8 +254,9 @@ class TargetProc:
 
     def read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
-        if not ready:
+        poller = select.poll()  # not select(): it refuses fds above 1,023
+        poller.register(self.proc.stdout, select.POLLIN)
+        if not poller.poll(self.timeout * 1000):
             raise BenchError(f"target {self.label}: no answer in {self.timeout:.0f}s "
                              f"(is fhmon answering?) {self._log_tail()}")
         line = self.proc.stdout.readline()

@@ -3,13 +3,13 @@
     python -m bench.sigkill [--kills 20] [--threads 4] [--layouts inproc,workers1]
                             [--signals KILL,TERM] [--json OUT]
 
-Issue 16, "Monitor death". A target (the tests' agent, uid 65534 under `fhmon launch`)
-calls open_by_handle_at on --threads threads without pause; meanwhile `fhmon serve` is
-stopped with the signal (SIGKILL: what the OOM killer or `kill -9` does; SIGTERM: a
-graceful restart or an upgrade) --kills times, at a random moment 0.2-0.5 s after it
-started serving the target again, and restarted after 0.2 s (calls wait in the kernel
-meanwhile: `fhmon launch` holds a copy of the listener and makes the calls the dead
-fhmon had received trap again). Every call's outcome is counted:
+What a target sees when its monitor dies. A target (the tests' agent, uid 65534 under
+`fhmon launch`) calls open_by_handle_at on --threads threads without pause; meanwhile
+`fhmon serve` is stopped with the signal (SIGKILL: what the OOM killer or `kill -9`
+does; SIGTERM: a graceful restart or an upgrade) --kills times, at a random moment
+0.2-0.5 s after it started serving the target again, and restarted after 0.2 s (calls
+wait in the kernel meanwhile: `fhmon launch` holds a copy of the listener and makes the
+calls the dead fhmon had received trap again). Every call's outcome is counted:
 
   ok            the call returned an fd that is really the target's
   answered 0    the call returned 0 (or another fd number it already had) with no new fd:

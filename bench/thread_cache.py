@@ -2,12 +2,12 @@
 
     python -m bench.thread_cache [--threads 2000] [--reps 5] [--calls 1000] [--json OUT]
 
-Issue 17 found that a target with 2,000 threads raised a neighbour's p50 12x: the per-target
-thread cache (1,024 pidfds) swept every entry on each put once full. This runs a real
-`fhmon serve` with two real targets (uid 65534 under fhmon's filter): the neighbour makes
-`--calls` lookups alone, then while the crowd's `--threads` live threads call in a loop,
-in paired, interleaved repetitions (the crowd is SIGSTOPped for the solo runs); ratios are
-medians of each pair's ratio. Root only; a minute or two.
+A target with 2,000 threads once raised a neighbour's p50 12x: the per-target thread cache
+(1,024 pidfds) swept every entry on each put once full. This runs a real `fhmon serve`
+with two real targets (uid 65534 under fhmon's filter): the neighbour makes `--calls`
+lookups alone, then while the crowd's `--threads` live threads call in a loop, in paired,
+interleaved repetitions (the crowd is SIGSTOPped for the solo runs); ratios are medians of
+each pair's ratio. Root only; a minute or two.
 """
 
 from __future__ import annotations

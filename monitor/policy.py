@@ -9,12 +9,16 @@ One module, so a reviewer finds every decision about "inside" and "allowed" here
   (a directory, or a file's parent directory) must meet the share root before it leaves the
   share's mount or the filesystem. The kernel answers ENOENT for '..' of a dentry that a
   bind mount of a subdirectory does not contain, which ends such a walk at once; no path
-  has to fit in PATH_MAX.
+  has to fit in PATH_MAX;
+- whether the target could chmod an object itself (chmod_would_succeed), which decides
+  whether an O_PATH open by handle that the kernel's read check refuses may be served.
 """
 
 from __future__ import annotations
 
+import array
 import errno
+import fcntl
 import fnmatch
 import glob
 import os
@@ -343,3 +347,39 @@ def _parent_dir(share: Share, obj_fd: int) -> int | None:
 
 def _strip_deleted(path: str) -> str:
     return path[: -len(" (deleted)")] if path.endswith(" (deleted)") else path
+
+
+def chmod_would_succeed(fd: int, fsuid: int) -> bool:
+    """Whether chmod(2) by a caller with this fsuid would pass every check the kernel makes
+    that fhmon can see (fs/attr.c and fs/open.c): the caller owns the inode (as the share's
+    mount shows it), neither the mount nor the superblock is read-only (EROFS), the inode
+    is neither immutable nor append-only (EPERM), and the filesystem keeps the modes it is
+    given (a list of local ones: NFS servers, FUSE, vfat and others may refuse or ignore a
+    chmod). What fhmon cannot see (an LSM that would refuse this chmod) is not consulted:
+    docs/semantics.md. Fails closed on any error."""
+    try:
+        if os.fstat(fd).st_uid != fsuid:
+            return False
+        f_type, _, f_flags = linux.fstatfs(fd)
+        if f_flags & os.ST_RDONLY or f_type not in _CHMOD_KEEPING_FILESYSTEMS:
+            return False
+    except OSError:
+        return False
+    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
+        return True  # the attribute flags need an open file: asked again on the real fd
+    attributes = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, kernel.FS_IOC_GETFLAGS, attributes, True)
+    except OSError as exc:
+        return exc.errno in (errno.ENOTTY, errno.EOPNOTSUPP)  # no such flags at all
+    return not attributes[0] & (kernel.FS_IMMUTABLE_FL | kernel.FS_APPEND_FL)
+
+
+# statfs f_type of local filesystems whose chmod by the owner always takes
+_CHMOD_KEEPING_FILESYSTEMS = frozenset({
+    kernel.EXT4_SUPER_MAGIC,  # ext2, ext3, ext4
+    kernel.XFS_SUPER_MAGIC,
+    kernel.BTRFS_SUPER_MAGIC,
+    kernel.TMPFS_MAGIC,
+    kernel.F2FS_SUPER_MAGIC,
+})

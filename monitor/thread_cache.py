@@ -24,7 +24,7 @@ def cached_threads_per_target(max_targets: int, nofile: int | None = None) -> in
     the target's other fds), between MIN_CACHED_THREADS and MAX_CACHED_THREADS. A target
     with more calling threads than that pays a pidfd_open per call of the others; a
     target with thousands of threads no longer holds 1,024 fds, which with many targets
-    reached the fd limit (issue 24)."""
+    reached the fd limit."""
     if nofile is None:
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     share = nofile // max(1, max_targets) - FDS_PER_TARGET_BESIDES_CACHE

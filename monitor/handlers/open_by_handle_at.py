@@ -27,7 +27,6 @@ last close cannot linger (a socket's can, with SO_LINGER).
 
 from __future__ import annotations
 
-import array
 import errno
 import fcntl
 import os
@@ -36,7 +35,7 @@ import stat
 from monitor import linux
 from monitor.credentials import acting_as
 from monitor.handlers.base import CallContext, InjectFd
-from monitor.policy import check_opened
+from monitor.policy import check_opened, chmod_would_succeed
 from monitor.target_thread import SyscallError
 from protocol import kernel
 
@@ -140,13 +139,13 @@ def _reopen_as_target(ctx: CallContext, obj: int, flags: int, is_dir: bool) -> i
                 return _reopen_without_waiting(obj, attempt, is_dir, keep_nonblock)
             except OSError as exc:
                 first_error = first_error or exc.errno or errno.EACCES
-    if flags & kernel.O_PATH and first_error == errno.EACCES and _chmod_would_succeed(
+    if flags & kernel.O_PATH and first_error == errno.EACCES and chmod_would_succeed(
             obj, creds.fsuid):
         # The target could chmod itself read access right now and then open it, so a
         # read-only fd grants it nothing new; opened by fhmon (CAP_DAC_READ_SEARCH passes
         # the read check), after _chmod_would_succeed asked the open file once more.
         fd = _reopen_without_waiting(obj, attempts[0], is_dir, keep_nonblock=False)
-        if _chmod_would_succeed(fd, creds.fsuid):
+        if chmod_would_succeed(fd, creds.fsuid):
             return fd
         os.close(fd)
     raise SyscallError(first_error)
@@ -166,39 +165,3 @@ def _reopen_without_waiting(obj: int, flags: int, is_dir: bool, keep_nonblock: b
             os.close(fd)
             raise
     return fd
-
-
-def _chmod_would_succeed(fd: int, fsuid: int) -> bool:
-    """Whether chmod(2) by a caller with this fsuid would pass every check the kernel makes
-    that fhmon can see (fs/attr.c and fs/open.c): the caller owns the inode (as the share's
-    mount shows it), neither the mount nor the superblock is read-only (EROFS), the inode
-    is neither immutable nor append-only (EPERM), and the filesystem keeps the modes it is
-    given (a list of local ones: NFS servers, FUSE, vfat and others may refuse or ignore a
-    chmod). What fhmon cannot see (an LSM that would refuse this chmod) is not consulted:
-    docs/semantics.md. Fails closed on any error."""
-    try:
-        if os.fstat(fd).st_uid != fsuid:
-            return False
-        f_type, _, f_flags = linux.fstatfs(fd)
-        if f_flags & os.ST_RDONLY or f_type not in _CHMOD_KEEPING_FILESYSTEMS:
-            return False
-    except OSError:
-        return False
-    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
-        return True  # the attribute flags need an open file: asked again on the real fd
-    attributes = array.array("i", [0])
-    try:
-        fcntl.ioctl(fd, kernel.FS_IOC_GETFLAGS, attributes, True)
-    except OSError as exc:
-        return exc.errno in (errno.ENOTTY, errno.EOPNOTSUPP)  # no such flags at all
-    return not attributes[0] & (kernel.FS_IMMUTABLE_FL | kernel.FS_APPEND_FL)
-
-
-# statfs f_type of local filesystems whose chmod by the owner always takes
-_CHMOD_KEEPING_FILESYSTEMS = frozenset({
-    kernel.EXT4_SUPER_MAGIC,  # ext2, ext3, ext4
-    kernel.XFS_SUPER_MAGIC,
-    kernel.BTRFS_SUPER_MAGIC,
-    kernel.TMPFS_MAGIC,
-    kernel.F2FS_SUPER_MAGIC,
-})

@@ -1,8 +1,8 @@
 """Availability: one target's call must never stall another target, the intake or a probe.
 
-Issue 15 item 6, as real attacks by a target of uid 65534 under `fhmon launch`, each made
-on the native plane (the default: per target its own native threads, none holding the GIL)
-and on the python reference plane (one dispatch thread answers every target):
+Real attacks by a target of uid 65534 under `fhmon launch`, each made on the native plane
+(the default: per target its own native threads, none holding the GIL) and on the python
+reference plane (one dispatch thread answers every target):
 
 - a write lease (F_SETLEASE F_WRLCK) on its own file, then open_by_handle_at of that file:
   fhmon's open must wait for the lease break (/proc/sys/fs/lease-break-time, raised to
@@ -27,7 +27,6 @@ import contextlib
 import errno
 import json
 import os
-import select
 import signal
 import subprocess
 import threading
@@ -40,7 +39,7 @@ import pytest
 
 from tests.adversarial.common import AT_SYMLINK_FOLLOW, EXHAUSTION, errname, signed
 from tests.adversarial.recording import Recorder
-from tests.support import FHMON, NOBODY, Agent, Service, World
+from tests.support import FHMON, NOBODY, Agent, Service, World, readable
 from tests.support.agent import NamespaceAgent
 from tests.support.world import lease_break_time, nobodys_directory
 
@@ -205,12 +204,12 @@ def send(agent: Agent, op: str, **cmd: Any) -> None:
 def pending(agent: Agent) -> bool:
     """Its last command not answered yet."""
     assert agent.proc.stdout is not None
-    return not select.select([agent.proc.stdout], [], [], 0)[0]
+    return not readable(agent.proc.stdout, 0)
 
 
 def answer(agent: Agent, timeout: float) -> dict[str, Any] | None:
     assert agent.proc.stdout is not None
-    if not select.select([agent.proc.stdout], [], [], timeout)[0]:
+    if not readable(agent.proc.stdout, timeout):
         return None
     line = agent.proc.stdout.readline()
     return json.loads(line) if line else None

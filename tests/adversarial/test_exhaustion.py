@@ -100,7 +100,7 @@ def measure(spawn: Any, attack: dict[str, str]) -> tuple[float, str]:
 
 def test_fairness(spawn: Any, record: Recorder) -> None:
     """Measured, not bounded (see the module's docstring); bench/fairness.py holds the
-    target (issue 15: within 3x)."""
+    target (the neighbour's p99 within 3x of alone)."""
     _, text = measure(spawn, FAST)
     record(EXHAUSTION, f"fairness, measured: a target issuing calls as fast as it can on 4 "
            f"threads beside a well-behaved one ({REPS} paired runs of {CALLS} calls, medians)",

@@ -1,5 +1,5 @@
 """The metrics/health HTTP endpoint under attack: garbage, resets, pipelining, slowloris,
-connection floods at a low fd limit (issue 17, items 1-2).
+connection floods at a low fd limit.
 
 The endpoint is unauthenticated and, on a cluster, reachable from any pod that can reach the
 node: nothing a client does there may stop fhmon, use up its fds, or leave a target's call
@@ -230,6 +230,8 @@ def attacking(attacker: Attacker) -> Iterator[Attacker]:
     try:
         assert wait_for(lambda: attacker.holding >= min(attacker.count, 100), 20), attacker
         yield attacker
+        attacker.check()  # it attacked all along, to the end of the test
+        assert thread.is_alive(), attacker
     finally:
         attacker.stop.set()
         thread.join(10)
@@ -310,9 +312,10 @@ def probe_within(port: int, path: str, timeout: float) -> str:
 
 def test_probes_answer_while_another_address_holds_slow_connections(
         metrics_endpoint: Endpoint, record: Recorder) -> None:
-    """Issue 24 item 7 (R7): 600 slowloris connections to the metrics port left /healthz
-    unanswered for 5 s, long enough for a kubelet HTTP liveness probe to restart fhmon. The
-    attacker's pod has another address than the kubelet: it holds its share of the slots."""
+    """R7 (docs/threat-model.md): 600 slowloris connections to the metrics port once left
+    /healthz unanswered for 5 s, long enough for a kubelet HTTP liveness probe to restart
+    fhmon. The attacker's pod has another address than the kubelet: it holds its share of
+    the slots."""
     port = metrics_endpoint.port
     probes: list[str] = []
     with attacking(Attacker(port, PROBE_ATTACK_CONNECTIONS, trickle=True,
@@ -433,9 +436,9 @@ def trap_many_syscalls(count: int, register: Callable[[int, int], bytes]) -> lis
 
 def test_a_foreign_filter_cannot_create_metric_series(metrics_endpoint: Endpoint,
                                                       world: World, record: Recorder) -> None:
-    """Issue 17 item 6: a client registers a listener of its own filter and traps 3,000
-    different syscall numbers: each is answered ENOSYS, and /metrics keeps its fixed set of
-    series (they counted as 100,000 series, 9 MiB, before)."""
+    """A client registers a listener of its own filter and traps 3,000 different syscall
+    numbers: each is answered ENOSYS, and /metrics keeps its fixed set of series (they
+    counted as 100,000 series, 9 MiB, before)."""
     port = metrics_endpoint.port
 
     def scrape_text() -> str:

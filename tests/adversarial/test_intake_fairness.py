@@ -1,4 +1,4 @@
-"""Intake fairness (issue 17 item 8): one client uid cannot take the intake from everyone.
+"""Intake fairness: one client uid cannot take the intake from everyone.
 
 Found: with `socket_group` set, a member of the group holding `max_connections` idle
 connections made fhmon refuse `fhmon probe` and root's registrations for as long as it

@@ -1,4 +1,4 @@
-"""After a restart, the keeper's stop/continue reaches only its own targets (issue 17 item 12).
+"""After a restart, the keeper's stop/continue reaches only its own targets.
 
 Found: after a restart the keeper's records were acted on by pid: fhmon SIGSTOPped and
 SIGCONTinued the pid a deposited target once had, which had passed to another user's
@@ -28,7 +28,7 @@ from pathlib import Path
 from monitor import fdpass, seccomp_filter
 from tests.adversarial.common import PRIVILEGE
 from tests.adversarial.recording import Recorder
-from tests.support import SYSTEM_PYTHON, Service, World, wait_until
+from tests.support import SYSTEM_PYTHON, Service, World, readable, wait_until
 from tests.support.keeper import KeeperProc
 
 # The target: forks a child that stays (under the same filter) and writes its pid; exits.
@@ -187,9 +187,9 @@ def test_the_keeper_restarts_a_call_a_dead_fhmon_received(world: World) -> None:
         stuck = Listener(listener).receive_ready()  # received, never answered: as if fhmon died
         assert stuck is not None
         os.close(listener)
-        assert not select.select([out_r], [], [], 0.5)[0], "answered without anyone"
+        assert not readable(out_r, 0.5), "answered without anyone"
         service.start()  # the keeper restarts the call through its pidfd; fhmon answers it
-        ready = select.select([out_r], [], [], 15)[0]
+        ready = readable(out_r, 15)
         assert ready, "the stuck call was never made again"
         assert os.read(out_r, 16) == b"0"
     finally:

@@ -1,6 +1,6 @@
 """Attacks on the KubeVirt pieces: the launcher copied into virt-launcher pods and the
-admission webhook (issue 18). The webhook runs on loopback with a self-signed certificate,
-as in tests/unit/test_kubevirt_webhook.py; the launcher is the one installed by
+admission webhook. The webhook runs on loopback with a self-signed certificate, as in
+tests/unit/test_kubevirt_webhook.py; the launcher is the one installed by
 tests/unit/test_kubevirt_launcher_install.py."""
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ async def test_webhook_oversized_and_slow_requests(server: Server, record: Recor
 
 
 # --------------------------------------------------------------------------------------------
-# The webhook as deployed (issue 24, items 3 and 4): its own process, the Deployment's memory
-# limit, the API server's timeout, attackers from other addresses than the API server's.
+# The webhook as deployed: its own process, the Deployment's memory limit, the API server's
+# timeout, attackers from other addresses than the API server's.
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "components" / "kubevirt-webhook"
 MiB = 2**20
@@ -313,6 +313,8 @@ def test_webhook_memory_under_concurrent_amplification(tmp_path: Path,
         took: list[float] = []
         try:
             answers = _attack_for(process, 12, floods, took)
+            for attacker in silent:
+                attacker.check()  # they held their connections all along
         finally:
             for attacker in silent:
                 attacker.stop.set()
@@ -361,6 +363,8 @@ def test_webhook_answers_while_handshakes_stall(tmp_path: Path, record: Recorder
                 answers.append(real_review(process.port))
                 probes.append(_get(process.port, "/healthz"))
                 time.sleep(0.2)
+            for attacker in attackers:
+                attacker.check()  # they stalled handshakes all along
         finally:
             for attacker in attackers:
                 attacker.stop.set()

@@ -1,4 +1,4 @@
-"""A process that already runs under a seccomp notify listener (issue 15 item 9).
+"""A process that already runs under a seccomp notify listener.
 
 The kernel allows one notify listener per filter chain: a second NEW_LISTENER fails with
 EBUSY. `fhmon launch` under another `fhmon launch` (or under a runtime's own seccomp agent)

@@ -1,4 +1,4 @@
-"""The socket's directory and the server behind the socket (issue 17 item 9).
+"""The socket's directory and the server behind the socket.
 
 Found: a socket directory writable by its group (0775) was accepted; a member of that group
 replaced fhmon's socket with its own, `fhmon launch` handed its listener to that impostor,

@@ -1,4 +1,4 @@
-"""STATUS with more targets than one frame holds (issue 17 item 10).
+"""STATUS with more targets than one frame holds.
 
 The status reply was one frame and outgrew the 16 KiB limit at ~70 targets: fhmon dropped
 the connection, so `fhmon status` (what an operator looks at during an incident) failed

@@ -1,4 +1,4 @@
-"""A registration belongs to its client (issue 24, items 1 and 2).
+"""A registration belongs to its client.
 
 A client once linked to its target only by uid equality and "runs under some filter": uid
 65534 could name any filtered process of uid 65534 (another tenant's virtiofsd) and fhmon

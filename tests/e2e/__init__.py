@@ -1,1 +1,1 @@
-"""End-to-end tests: an unmodified virtiofsd serving a real Linux guest (issue 3)."""
+"""End-to-end tests: an unmodified virtiofsd serving a real Linux guest."""

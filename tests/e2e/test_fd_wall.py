@@ -1,4 +1,4 @@
-"""The open-files wall (issue 26, kubevirt/kubevirt#13589), with a real guest walking a tree.
+"""The open-files wall (kubevirt/kubevirt#13589), with a real guest walking a tree.
 
 Without file handles virtiofsd keeps one O_PATH fd for every inode the guest has looked up and
 not forgotten; a guest that walks more files than virtiofsd's fd limit allows hits the wall.

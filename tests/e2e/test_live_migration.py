@@ -1,5 +1,5 @@
 """Live migration of a guest between two nodes, each with an unprivileged virtiofsd under its
-own fhmon (issue 5, stretch goal).
+own fhmon.
 
 Two `fhmon serve` processes with separate sockets but one key directory stand for two nodes;
 each serves a virtiofsd 1.13.2 (uid 65534, `fhmon launch`, --inode-file-handles=mandatory) on
@@ -16,12 +16,12 @@ destination the guest reads on through its open fds and looks up names it never 
   must be byte-identical, or the migration aborts.
 * Negative control: file-handles again, but fhmon B has a key of its own: it must refuse the
   source's handles, and the migration must fail with the guest still running on the source.
-* The default of an injected pod (issue 23): the source runs KubeVirt's own virtiofsd command
+* The default of an injected pod: the source runs KubeVirt's own virtiofsd command
   line (`--migration-mode=find-paths`, no handle flags) under the injected launcher (fail
   open, `--virtiofsd-handles=prefer`), so it serves by handle; the destination is a plain
   unprivileged virtiofsd without fhmon (a node or pod fhmon did not reach). The guest's
   files, symlinks included, stay readable. Its negative control: the same with the opt-in
-  `--virtiofsd-migration=file-handles` (what the injection did before issue 23): the plain
+  `--virtiofsd-migration=file-handles` (the injection's former default): the plain
   destination cannot open the handles and the guest loses its files.
 """
 

@@ -1,6 +1,6 @@
 """The injected virt-launcher pod's containers under a real OCI runtime (Debian's runc), from
 OCI configs translated from the pod spec as the kubelet and containerd's CRI plugin translate
-them (cri_spec.py), serving the e2e guest (issue 23).
+them (cri_spec.py), serving the e2e guest.
 
 For each case the pod is injected by `fhmon inject`, then, as on a node:
   1. the kubelet's volumes: the PVC `data` is the run's share, the virtiofs-containers

@@ -1,4 +1,4 @@
-"""End-to-end runs of an unmodified virtiofsd 1.13.2 serving a real Linux guest (issue 3).
+"""End-to-end runs of an unmodified virtiofsd 1.13.2 serving a real Linux guest.
 
 With fhmon (virtiofsd as uid 65534 under `fhmon launch`, fhmon serving as root):
   * run 1: --inode-file-handles=prefer: the whole workload passes, every handle is made and

@@ -1,4 +1,4 @@
-"""fhmon and the keeper restarting in every order (issue 17 item 11).
+"""fhmon and the keeper restarting in every order.
 
 A runc-registered listener has no copy but fhmon's and the keeper's. Found: when the keeper
 restarted (it then holds nothing) or was down when the target registered (the deposit
@@ -95,12 +95,12 @@ def test_both_down_together_loses_the_listener_as_documented(world: World) -> No
 @pytest.mark.parametrize("gone", ["killed", "stopped"])
 def test_a_registration_while_the_keeper_is_down_survives_a_restart_right_after_its_return(
         world: World, gone: str) -> None:
-    """Issue 24 item 9: the keeper goes away (SIGKILL leaves its socket file, SIGTERM
-    removes it), a runc-style target registers, the keeper comes back and fhmon is
-    restarted at once (a rolling upgrade's SIGTERM). fhmon's reconnection backoff (up to 2 s
-    then) had not found the keeper yet, so the listener died with fhmon: ENOSYS for good.
-    Now the deposit follows the keeper's return within the (shorter) backoff, and a graceful
-    stop deposits every such listener and waits for the keeper to have read them."""
+    """The keeper goes away (SIGKILL leaves its socket file, SIGTERM removes it), a
+    runc-style target registers, the keeper comes back and fhmon is restarted at once (a
+    rolling upgrade's SIGTERM). fhmon's reconnection backoff (up to 2 s then) had not found
+    the keeper yet, so the listener died with fhmon: ENOSYS for good. Now the deposit
+    follows the keeper's return within the (shorter) backoff, and a graceful stop deposits
+    every such listener and waits for the keeper to have read them."""
     keeper = KeeperProc(world.base, f"down-{gone}-keeper")
     keeper.start()
     service = Service(world.base, [str(world.shares / "*")], name=f"down-{gone}",

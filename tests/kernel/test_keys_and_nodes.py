@@ -117,9 +117,9 @@ def _reload_failed(service: Service, words: str) -> bool:
 
 
 def test_too_many_keys_are_refused_and_the_old_keys_serve(world: World) -> None:
-    """Issue 24 item 8: 20,000 valid keys made the reload fail to lock their memory and
-    `fhmon serve` exit. More than MAX_KEYS is now a refusal like any bad key directory: the
-    ring in use stays, the key-directory health goes to 0, and a start-up says why."""
+    """20,000 valid keys once made the reload fail to lock their memory and `fhmon serve`
+    exit. More than MAX_KEYS is now a refusal like any bad key directory: the ring in use
+    stays, the key-directory health goes to 0, and a start-up says why."""
     from monitor import signing
 
     with Service(world.base, [str(world.shares / "*")], name="many-keys") as service:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import select
 import signal
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from monitor import seccomp_filter
 from monitor.kubevirt import seccomp
 from monitor.listener import Listener
+from tests.support import readable
 
 ROOT = Path(__file__).resolve().parents[2]
 BASES = ROOT / "tests" / "data" / "seccomp"
@@ -85,8 +85,7 @@ def run_under(profile: Path) -> tuple[dict[str, str], list[str]]:
         seccomp_filter.go(channel)
         names = {304: "open_by_handle_at", 303: "name_to_handle_at"}
         while True:
-            ready, _, _ = select.select([listener_fd], [], [], 30)
-            assert ready, "the child neither called nor exited"
+            assert readable(listener_fd, 30), "the child neither called nor exited"
             state = listener.poll()
             if state is None:
                 break  # the child is gone

@@ -25,7 +25,7 @@ from monitor import seccomp_filter
 from monitor.answer_loop import PythonAnswerLoop
 from monitor.listener import Listener, SharedReceiveLock
 from protocol import kernel
-from tests.support import NOBODY, SYSTEM_PYTHON, thread_syscalls, wait_until
+from tests.support import NOBODY, SYSTEM_PYTHON, readable, thread_syscalls, wait_until
 
 # One name_to_handle_at (trapped by the filter), its result into a pipe, then a long sleep.
 # SIGUSR1 has a handler (Python sets no SA_RESTART): it withdraws the waiting call, which
@@ -62,7 +62,7 @@ class Caller:
 
     def outcome(self, timeout: float = 10.0) -> tuple[int, int] | None:
         """(return value, errno) of its call, once it returned."""
-        if not select.select([self._result], [], [], timeout)[0]:
+        if not readable(self._result, timeout):
             return None
         ret, err = os.read(self._result, 64).split()
         return int(ret), int(err)

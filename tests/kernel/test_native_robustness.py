@@ -1,4 +1,4 @@
-"""The native plane survives a panic in a call's work (issue 16 item 2).
+"""The native plane survives a panic in a call's work.
 
 A real target (uid 65534 under the real handle filter) is served by a monitor._native.Plane
 made in this process, so that its test hook (Plane.panic_next_calls) can make the work of
@@ -12,14 +12,13 @@ from __future__ import annotations
 import errno
 import json
 import os
-import select
 import time
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 
-from tests.support import World
+from tests.support import World, readable
 from tests.support.plane_target import in_process_plane, plane_target
 
 _native = pytest.importorskip("monitor._native")
@@ -49,7 +48,7 @@ def _answers(read_end: int, count: int, timeout: float) -> list[int]:
     data = b""
     deadline = time.monotonic() + timeout
     while data.count(b"\n") < count and time.monotonic() < deadline:
-        if select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        if readable(read_end, deadline - time.monotonic()):
             chunk = os.read(read_end, 4096)
             if not chunk:
                 break

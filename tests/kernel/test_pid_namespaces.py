@@ -1,4 +1,4 @@
-"""`fhmon launch` in a pid namespace of its own, as in a pod without hostPID (issue 24 item 2).
+"""`fhmon launch` in a pid namespace of its own, as in a pod without hostPID.
 
 The launcher's HELLO once carried its child's pid in the launcher's namespace, which fhmon
 read as a host pid (a kernel thread here: refused; at worst a real host process of the same

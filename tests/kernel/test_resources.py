@@ -1,5 +1,5 @@
-"""fhmon out of fds while it answers (issue 17 item 5): the call gets the errno the kernel
-would give (EMFILE), never silence, and fhmon goes on once fds are free again."""
+"""fhmon out of fds while it answers: the call gets the errno the kernel would give
+(EMFILE), never silence, and fhmon goes on once fds are free again."""
 
 from __future__ import annotations
 

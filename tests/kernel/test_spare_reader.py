@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from protocol.kernel import SECCOMP_IOCTL_NOTIF_RECV
-from tests.support import NOBODY, World, thread_syscalls, wait_until
+from tests.support import NOBODY, World, readable, thread_syscalls, wait_until
 from tests.support.plane_target import in_process_plane, plane_target
 from tests.support.world import lease_break_time
 
@@ -173,7 +172,7 @@ def test_under_auto_a_targets_calls_work_one_at_a_time(world: World,
                 now = thread_syscalls(os.getpid())  # both threads in one look
                 states = tuple(_wait_of(now[threads[k]]) for k in (0, 1))
                 samples.append(states)  # type: ignore[arg-type]
-                if select.select([target.read_end], [], [], 0.02)[0]:
+                if readable(target.read_end, 0.02):
                     break
             answers = [int(x) for x in os.read(target.read_end, 100).split()]
             status = target.wait()

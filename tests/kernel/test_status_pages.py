@@ -1,4 +1,4 @@
-"""`fhmon status` with many targets (issue 17 item 10).
+"""`fhmon status` with many targets.
 
 The status reply was one frame and outgrew the 16 KiB limit at ~70 targets: fhmon dropped
 the connection and `fhmon status` failed. Now STATUS is answered in pages (protocol/native.py

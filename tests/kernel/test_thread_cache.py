@@ -179,11 +179,11 @@ def test_a_target_with_2000_threads_beside_a_neighbour(spawn: Any, world: Any,
 @pytest.mark.parametrize("plane", ["native", "python"])
 def test_a_many_threaded_target_holds_only_its_share_of_the_fd_limit(
         world: Any, tmp_path: Path, plane: str) -> None:
-    """Issue 24 item 10: a target with thousands of threads made fhmon hold 1,024 pidfds
-    for it (the cache's fixed limit), so a few such targets reached the fd limit. Each
-    target now gets its fair share of RLIMIT_NOFILE (soft limit over max_targets, less its
-    other fds), here set to 32 through max_targets; 300 threads calling at once stay
-    within it on both planes, every call answered right."""
+    """A target with thousands of threads once made fhmon hold 1,024 pidfds for it (the
+    cache's fixed limit), so a few such targets reached the fd limit. Each target now gets
+    its fair share of RLIMIT_NOFILE (soft limit over max_targets, less its other fds), here
+    set to 32 through max_targets; 300 threads calling at once stay within it on both
+    planes, every call answered right."""
     import json
     import resource
     import time

@@ -1,8 +1,8 @@
 """What the tests build on: the world tree, a running fhmon, target agents, raw intake
 clients and handle shorthands. conftest.py only turns these into fixtures.
 
-- world.py: World and build_world, NOBODY, FHMON, SYSTEM_PYTHON, wait_until, thread_syscalls,
-  nobodys_directory, deep_directory (a chain of directories deeper than PATH_MAX),
+- world.py: World and build_world, NOBODY, FHMON, SYSTEM_PYTHON, wait_until, readable,
+  thread_syscalls, nobodys_directory, deep_directory (a chain of directories deeper than PATH_MAX),
   lease_break_time
 - service.py: Service (a `fhmon serve`), Runner and unprivileged_runner (fhmon as uid 65534)
 - agent.py: Agent, the driver of target_agent.py (the target program itself), and
@@ -26,9 +26,10 @@ from tests.support.world import (
     SYSTEM_PYTHON,
     World,
     build_world,
+    readable,
     thread_syscalls,
     wait_until,
 )
 
 __all__ = ["FHMON", "NOBODY", "REPO", "SYSTEM_PYTHON", "Agent", "Runner", "Service", "World",
-           "build_world", "thread_syscalls", "unprivileged_runner", "wait_until"]
+           "build_world", "readable", "thread_syscalls", "unprivileged_runner", "wait_until"]

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import json
-import select
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.support.world import FHMON, NOBODY, REPO, SYSTEM_PYTHON, World
+from tests.support.world import FHMON, NOBODY, REPO, SYSTEM_PYTHON, World, readable
 
 
 class Agent:
@@ -56,8 +55,7 @@ class Agent:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps({"op": op, **cmd}) + "\n")
         self.proc.stdin.flush()
-        if answer_within is not None and not select.select([self.proc.stdout], [], [],
-                                                           answer_within)[0]:
+        if answer_within is not None and not readable(self.proc.stdout, answer_within):
             raise TimeoutError(f"agent {op} got no answer in {answer_within} s")
         line = self.proc.stdout.readline()
         if not line:

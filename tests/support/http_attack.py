@@ -40,8 +40,23 @@ class Attacker:
     dropped: int = 0  # connections fhmon closed without an answer
     stop: threading.Event = field(default_factory=threading.Event)
     holding: int = 0
+    # what ended run() other than stop: a test asserts it is None, so that an attack that
+    # died early (select() refused an fd above 1,023 once) cannot pass as one withstood
+    error: BaseException | None = None
 
     def run(self) -> None:
+        try:
+            self._hold()
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def check(self) -> None:
+        """Raise if the attack ended before it was stopped."""
+        if self.error is not None:
+            raise AssertionError(f"the attack ended early: {self.error!r}") from self.error
+
+    def _hold(self) -> None:
         head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: "
         socks: dict[socket.socket, int] = {}
         try:
@@ -60,8 +75,7 @@ class Attacker:
                     socks[s] = 0
                     self.opened += 1
                 self.holding = len(socks)
-                readable, _, _ = select.select(list(socks), [], [], self.interval)
-                for s in readable:
+                for s in _readable(list(socks), self.interval):
                     try:
                         data = s.recv(4096)
                     except OSError:
@@ -84,6 +98,16 @@ class Attacker:
         finally:
             for s in socks:
                 s.close()
+
+
+def _readable(socks: list[socket.socket], timeout: float) -> list[socket.socket]:
+    """The sockets with something to read (or closed) within timeout: poll(), which takes
+    any fd number, where select() refuses those above 1,023."""
+    poller = select.poll()
+    by_fd = {s.fileno(): s for s in socks}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(timeout * 1000)]
 
 
 def tls_client_context() -> ssl.SSLContext:
@@ -151,8 +175,7 @@ class ReviewFlood:
                         raw.settimeout(0.2)
                         while time.monotonic() < deadline and not self.stop.is_set():
                             with contextlib.suppress(TimeoutError):
-                                readable, _, _ = select.select([raw], [], [], 0.2)
-                                if readable and not raw.recv(1, socket.MSG_PEEK):
+                                if _readable([raw], 0.2) and not raw.recv(1, socket.MSG_PEEK):
                                     break
             except (OSError, ssl.SSLError):
                 self.failed += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import sys
 import time
@@ -28,6 +29,15 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return bool(predicate())
+
+
+def readable(source: Any, timeout: float) -> bool:
+    """True once source (an fd, or anything with fileno()) has something to read or hung
+    up, within timeout seconds. poll(), not select(): select() refuses an fd above 1,023,
+    and a whole run's pytest process does reach such numbers."""
+    poller = select.poll()
+    poller.register(source, select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout) * 1000))
 
 
 @contextlib.contextmanager

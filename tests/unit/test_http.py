@@ -332,7 +332,7 @@ async def test_tls_per_connection_context_and_plain_clients_on_a_tls_port(
         nursery.cancel_scope.cancel()
 
 
-# --- per-address caps, handshake and body deadlines (issue 24, items 4, 3 and 7) ----------
+# --- per-address caps, handshake and body deadlines ---------------------------------------
 
 
 def test_sources_and_their_cap() -> None:

@@ -1,5 +1,5 @@
 """KeeperClient.sync against a real unix socket: a deposit that fails inside a session ends
-that session only, never fhmon (issue 24 item 9)."""
+that session only, never fhmon."""
 
 from __future__ import annotations
 

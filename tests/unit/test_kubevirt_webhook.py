@@ -142,7 +142,7 @@ def test_cli_reports_a_missing_certificate(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Hostile JSON (issue 24, items 5 and 6): every shape is a 400 or allowed unchanged, never 500.
+# Hostile JSON: every shape is a 400 or allowed unchanged, never 500.
 
 ALLOWED_UNCHANGED = {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
 

@@ -712,7 +712,7 @@ def test_load_refuses_malformed_key_files(tmp_path: Path, content: str, message:
 
 
 def test_load_refuses_more_than_max_keys_before_reading_one(tmp_path: Path) -> None:
-    """A documented bound instead of an mlock failure (issue 24 item 8): MAX_KEYS load, one
+    """A documented bound instead of an mlock failure: MAX_KEYS load, one
     more is refused with a message that says what to do; no key file is read then (the
     extra one is not even valid)."""
     directory = _key_dir(tmp_path)

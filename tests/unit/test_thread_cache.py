@@ -1,4 +1,4 @@
-"""Each target's share of fhmon's fds for its threads' pidfds (issue 24 item 10)."""
+"""Each target's share of fhmon's fds for its threads' pidfds."""
 
 from __future__ import annotations
 
