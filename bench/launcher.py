@@ -2,7 +2,7 @@
 
     python -m bench.launcher [--runs 30] [--json OUT]
 
-Issue 25. For each launcher, as `fhmon install-launcher` installs it and as KubeVirt's
+For each launcher, as `fhmon install-launcher` installs it and as KubeVirt's
 injected container runs it (`--fail-open --virtiofsd-handles=prefer`, registered with a
 real `fhmon serve`, CMD as uid 65534):
 
