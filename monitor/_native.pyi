@@ -1,6 +1,7 @@
 """Type stubs for the Rust extension (native/src/py.rs)."""
 
 from collections.abc import Callable
+from typing import Any
 
 VERSION: str
 
@@ -38,3 +39,7 @@ class Plane:
     def panic_next_calls(self, n: int) -> None: ...
     def drain_events(self) -> tuple[list[tuple[str, int, str, int, int | None, int]],
                                     int]: ...
+
+# The native launcher's intake codec (native/src/intake.rs), for tests/unit/test_intake_codec.py.
+def intake_encode(kind: str, fields: dict[str, Any]) -> bytes: ...
+def intake_decode(data: bytes) -> tuple[str, dict[str, Any]]: ...

@@ -7,11 +7,11 @@ syscall, which traps again with a new id for the next fhmon. Nothing runs twice 
 visible effect: an answer (and ADDFD_FLAG_SEND's fd) either reached the target before
 fhmon died, or nothing did.
 
-Used by `fhmon launch` (its own child), the keeper and fhmon serve's restore. Every
+Used by the keeper and fhmon serve's restore (the native launcher, native/launcher, does the
+same for its own child). Every
 signal goes through a pidfd, so a pid that passed to another process is never signalled;
 /proc/PID is read only to see when every thread has stopped, and only while the pidfd
-says the process lives (a stopped process cannot exit, so its pid is still its). Standard
-library only: the self-contained launcher (monitor/kubevirt/bundled.py) imports this.
+says the process lives (a stopped process cannot exit, so its pid is still its).
 """
 
 from __future__ import annotations

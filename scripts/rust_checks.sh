@@ -15,16 +15,17 @@ crates=(native native/fuzz)
 
 for crate in "${crates[@]}"; do
     echo "rust_checks: $crate: fmt, clippy"
-    (cd "$crate" && cargo fmt --check)
+    (cd "$crate" && cargo fmt --all --check)
     if [ "$crate" = native/fuzz ]; then
         continue  # built (and linted by rustc) only by cargo fuzz, on nightly
     fi
-    (cd "$crate" && cargo clippy --quiet --locked --all-targets -- -D warnings)
+    (cd "$crate" && cargo clippy --quiet --locked --workspace --all-targets -- -D warnings)
 done
-(cd native && cargo clippy --quiet --locked --all-targets --no-default-features -- -D warnings)
+(cd native && cargo clippy --quiet --locked --workspace --all-targets --no-default-features -- -D warnings)
 
 echo "rust_checks: native: cargo test"
 (cd native && cargo test --quiet --locked --no-default-features)
+(cd native && cargo test --quiet --locked -p fhmon-launch)  # the launcher (native/launcher)
 (cd native && cargo test --quiet --locked)  # with the Python bindings compiled in
 
 if [ "$seconds" -gt 0 ]; then
@@ -38,6 +39,8 @@ if [ "$seconds" -gt 0 ]; then
         echo "rust_checks: no cargo-fuzz or nightly toolchain: a longer stable property loop instead"
         (cd native && FHMON_FUZZ_ITERATIONS=$((seconds * 200000)) \
             cargo test --quiet --locked --no-default-features --release --test parsers)
+        (cd native && FHMON_FUZZ_ITERATIONS=$((seconds * 50000)) \
+            cargo test --quiet --locked -p fhmon-launch --release --test parsers)
     fi
 fi
 echo "rust_checks: ok"

@@ -66,4 +66,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
     .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
     touch "$stamp"
 fi
+# The native launcher (native/launcher): `fhmon launch` execs it, and `fhmon install-launcher`
+# copies it into KubeVirt's pods (scripts/build-launcher.sh says how it is built).
+launcher=monitor/_bin/fhmon-launch
+if [ ! -x "$launcher" ] \
+        || [ -n "$(find native/src native/launcher native/Cargo.toml native/Cargo.lock -newer "$launcher" 2>/dev/null | head -1)" ]; then
+    echo "setup.sh: building the native launcher ($launcher)"
+    bash scripts/build-launcher.sh
+fi
 echo "setup.sh: ready (.venv/bin/fhmon)"

@@ -41,15 +41,15 @@ def injection_settings(args: argparse.Namespace) -> containers.Settings:
 
 
 def install_launcher(args: argparse.Namespace) -> int:
-    from monitor.kubevirt import bundle
+    from monitor import launcher
 
     try:
-        made = bundle.install_launcher(args.directory)
-    except (OSError, bundle.BundleError) as exc:
+        installed = launcher.install(args.directory)
+    except OSError as exc:
         print(f"fhmon install-launcher: {args.directory}: {exc}", file=sys.stderr)
         return 1
-    print(f"fhmon install-launcher: {made.size // 2**20} MiB in {made.root}: "
-          f"{', '.join(made.packages)}", file=sys.stderr)
+    print(f"fhmon install-launcher: {installed} ({installed.stat().st_size} bytes, the "
+          f"native launcher)", file=sys.stderr)
     return 0
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
 def add_launch_options(launch: argparse.ArgumentParser) -> None:
-    """The options `fhmon launch` and the bundled KubeVirt launcher share."""
+    """The launch options (the native launcher takes the same ones)."""
     launch.add_argument("--fail-open", action="store_true",
                         help="when fhmon cannot serve CMD (unreachable, silent, refusing, no "
                         "filter, or the start-up handle probe fails), run CMD exactly as "
@@ -25,12 +26,17 @@ def add_launch_options(launch: argparse.ArgumentParser) -> None:
 
 
 def launch(args: argparse.Namespace) -> int:
+    """`fhmon launch`: check the arguments as before, then become the native launcher
+    (monitor/_bin/fhmon-launch, native/launcher), which does the launch in this very process:
+    one launcher for the command line and KubeVirt's pods, and CMD run unserved keeps this pid."""
     from monitor import launcher
 
     argv = list(args.command)
     if argv and argv[0] == "--":
         argv = argv[1:]
     try:
+        if not argv:
+            raise launcher.LaunchError("no command given after --")
         user = launcher.parse_user(args.user) if args.user else None
         timeout = args.registration_timeout
         if timeout is None:
@@ -38,14 +44,21 @@ def launch(args: argparse.Namespace) -> int:
                 launcher.REGISTRATION_TIMEOUT
         if not timeout > 0:
             raise launcher.LaunchError("--registration-timeout must be positive")
-        options = launcher.Options(
+        native = launcher.native_argv(args.socket, args.share, user, argv, launcher.Options(
             fail_open=args.fail_open, virtiofsd_handles=args.virtiofsd_handles,
             migration_by_handle=args.virtiofsd_migration == "file-handles",
-            registration_timeout=timeout)
-        return launcher.launch(args.socket, args.share, user, argv, options)
+            registration_timeout=timeout))
     except launcher.LaunchError as exc:
         print(f"fhmon launch: {exc}", file=sys.stderr)
         return 125
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execv(native[0], native)
+    except OSError as exc:
+        print(f"fhmon launch: cannot run the native launcher {native[0]}: {exc.strerror} "
+              f"(scripts/setup.sh builds it)", file=sys.stderr)
+    return 125
 
 
 def check(args: argparse.Namespace) -> int:

@@ -26,6 +26,8 @@ MIGRATION_BY_HANDLE = "file-handles"
 # The launcher's opt-in (monitor/node.py's `launch`): migrate by handle.
 LAUNCHER_MIGRATION_FLAG = "--virtiofsd-migration=file-handles"
 LAUNCHER_VOLUME = "fhmon-launcher"
+# What `fhmon install-launcher` puts in LAUNCHER_DIR (monitor/launcher.py's INSTALLED_NAME).
+LAUNCHER_BINARY = "fhmon-launch"
 LAUNCHER_INIT = "fhmon-launcher"
 QEMU_UID = 107
 
@@ -37,9 +39,11 @@ class Settings:
     image: str = DEFAULT_IMAGE
     socket: str = "/var/run/kubevirt/fhmon/fhmon.sock"
     resource: str = DEFAULT_RESOURCE
-    # The launcher (CPython running `fhmon launch`) lives in the container's cgroup beside
-    # virtiofsd; KubeVirt's 80M limit was sized for virtiofsd alone.
-    memory_overhead: int = 64 * 1024 * 1024
+    # The launcher (native/launcher, a static executable) lives in the container's cgroup
+    # beside virtiofsd; KubeVirt's 80M limit was sized for virtiofsd alone. bench.launcher
+    # measured 1.2 MiB RSS and its file is 1.2 MB of page cache: 8 MiB leaves room for
+    # that three times over (docs/kubevirt.md, "The launcher's memory").
+    memory_overhead: int = 8 * 1024 * 1024
     # prefer: files that cannot have a handle (EOPNOTSUPP) keep an O_PATH fd as today instead
     # of failing the guest's lookup; see docs/kubevirt.md.
     inode_file_handles: Literal["prefer", "mandatory"] = "prefer"
@@ -68,13 +72,12 @@ def launcher_command(settings: Settings, share: str, *,
     fhmon with the same keys (a plain target could not open the handles). Such a launcher
     does not fail open: a migration target that ran without fhmon could not open the
     source's handles, so it must fail (the migration fails, the VM stays on its source).
-    No environment is added: `-I` makes CPython find its prefix from its own path, and the
-    loader's --library-path does not reach the exec'ed virtiofsd (see bundle.py).
+    The launcher is static (it needs nothing of KubeVirt's image) and adds no environment:
+    virtiofsd gets the container's own.
     """
     failing = [LAUNCHER_MIGRATION_FLAG] if migration_by_handle else ["--fail-open"]
     return [
-        f"{LAUNCHER_DIR}/ld.so", "--library-path", f"{LAUNCHER_DIR}/lib",
-        f"{LAUNCHER_DIR}/bin/python3", "-I", "-m", "monitor.kubevirt.bundled",
+        f"{LAUNCHER_DIR}/{LAUNCHER_BINARY}",
         "launch", "--socket", settings.socket, "--share", share, *failing,
         f"--virtiofsd-handles={settings.inode_file_handles}", "--",
     ]
@@ -127,14 +130,16 @@ def inject_container(container: dict[str, Any], volume: str,
 
 
 def launcher_volume() -> dict[str, Any]:
-    return {"name": LAUNCHER_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}
+    # One 1.2 MB file (the limit leaves room for a larger build of it).
+    return {"name": LAUNCHER_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}}
 
 
 def launcher_init_container(settings: Settings = Settings()) -> dict[str, Any]:
-    """Copies the self-contained launcher out of the fhmon image into the emptyDir."""
+    """Copies the native launcher out of the fhmon image into the emptyDir."""
     # requests == limits: keeps a Guaranteed (dedicated-CPU) virt-launcher pod Guaranteed.
-    # Measured: 33 MiB peak RSS for the copy (two interpreters), plus page cache.
-    amounts = {"cpu": "100m", "memory": "128Mi"}
+    # Measured: 35 MiB peak RSS for `fhmon install-launcher` (CPython and the command
+    # line), plus 1.2 MB of page cache for the copy.
+    amounts = {"cpu": "100m", "memory": "64Mi"}
     return {
         "name": LAUNCHER_INIT,
         "image": settings.image,

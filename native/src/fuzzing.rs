@@ -91,3 +91,45 @@ pub fn proc_status(data: &[u8]) {
         let _ = (s.tgid, s.uid, s.frozen);
     }
 }
+
+/// intake::decode_one and FrameDecoder over arbitrary bytes (what fhmon answers the
+/// launcher): a decoded message re-encodes to the same bytes (but for the two non-canonical
+/// forms: a REFUSE reason over 4000 characters, which encoding cuts, and an explicit
+/// STATUS of 0); fed in two pieces, the decoder yields what it yields in one, or more where
+/// the whole refused at once a bad header it could only see later in pieces.
+pub fn intake(data: &[u8]) {
+    use crate::intake::{self, FrameDecoder, Message};
+    if let Ok(message) = intake::decode_one(data) {
+        let again = intake::encode(&message).expect("a decoded message encodes");
+        let canonical = match &message {
+            Message::Refuse { reason, .. } => reason.chars().count() <= 4000,
+            Message::StatusRequest { after: 0 } => data.len() == intake::HEADER_SIZE,
+            _ => true,
+        };
+        if canonical {
+            assert_eq!(&again[..], data);
+        }
+        let back = intake::decode_one(&again).expect("what encode made decodes");
+        if canonical {
+            assert_eq!(back, message);
+        }
+    }
+    let whole = drain(&[data]);
+    let cut = data.first().map_or(0, |&b| b as usize % (data.len() + 1));
+    let pieces = drain(&[&data[..cut], &data[cut..]]);
+    assert!(pieces.starts_with(&whole), "{pieces:?} vs {whole:?}");
+
+    fn drain(pieces: &[&[u8]]) -> Vec<Message> {
+        let mut decoder = FrameDecoder::new();
+        let mut out = Vec::new();
+        for piece in pieces {
+            if decoder.feed(piece).is_err() {
+                return out;
+            }
+            while let Ok(Some(m)) = decoder.next_message() {
+                out.push(m);
+            }
+        }
+        out
+    }
+}

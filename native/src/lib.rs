@@ -10,6 +10,7 @@ pub mod abi;
 pub mod creds;
 pub mod fuzzing;
 pub mod handle;
+pub mod intake;
 pub mod mac;
 pub mod plane;
 pub mod policy;

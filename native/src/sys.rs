@@ -14,6 +14,8 @@ use std::ptr::NonNull;
 
 use crate::abi;
 
+pub mod launch;
+
 /// A positive errno.
 pub type Errno = i32;
 

@@ -95,3 +95,26 @@ fn proc_status() {
         fuzzing::proc_status(&buf);
     }
 }
+
+#[test]
+fn intake() {
+    run(0x1357_9bdf_2468_ace0, fuzzing::intake);
+    // shaped inputs: a valid header (magic, version 1, a real kind, a plausible length)
+    let mut rng = XorShift(2025);
+    let mut buf = Vec::new();
+    for _ in 0..iterations() {
+        buf.clear();
+        let len = (rng.next() % 96) as u32;
+        buf.extend_from_slice(b"FHMN\0\x01");
+        buf.extend_from_slice(&((rng.next() % 9) as u16).to_be_bytes());
+        buf.extend_from_slice(&len.to_be_bytes());
+        for _ in 0..(len + (rng.next() % 3) as u32).saturating_sub(1) {
+            buf.push(if rng.next() % 4 == 0 {
+                0
+            } else {
+                rng.next() as u8
+            });
+        }
+        fuzzing::intake(&buf);
+    }
+}

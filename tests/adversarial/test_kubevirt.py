@@ -1,7 +1,7 @@
 """Attacks on the KubeVirt pieces: the launcher copied into virt-launcher pods and the
 admission webhook. The webhook runs on loopback with a self-signed certificate, as in
-tests/unit/test_kubevirt_webhook.py; the launcher is the bundle of
-tests/unit/test_kubevirt_bundle.py."""
+tests/unit/test_kubevirt_webhook.py; the launcher is the one installed by
+tests/unit/test_kubevirt_launcher_install.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The KubeVirt test material several suites share: a real virt-launcher pod as virt-controller
-renders it, a JSON Patch applier, the launcher bundle (`fhmon install-launcher`) and a
+renders it, a JSON Patch applier, the installed launcher (`fhmon install-launcher`) and a
 probe run under it, and the admission webhook on loopback TLS with its certificates.
 """
 
@@ -77,7 +77,7 @@ print("pidfd_getfd", got, errno.errorcode.get(ctypes.get_errno(), "0") if got < 
 
 
 def steal_from_launcher(bundle: Path, uid: int = 65534) -> list[str]:
-    """Run PROBE as `uid` under the bundled launcher (a fake fhmon accepts the registration):
+    """Run PROBE as `uid` under the installed launcher (a fake fhmon accepts the registration):
     the child's pidfd_getfd() of its launcher's fd 3, as ["pidfd_getfd", result, errno]."""
     import socket as so
 

@@ -87,10 +87,10 @@ def test_the_injected_virtiofs_container_is_what_containerd_would_run() -> None:
                    bind("/var/run/kubevirt/fhmon", "/var/run/kubevirt/fhmon", "ro")],
         "linux": {
             # requests.cpu 10m -> 10 shares; limits.cpu 100m -> 10 ms per 100 ms;
-            # limits.memory 80M + fhmon's 64 MiB, in whole megabytes (148M).
+            # limits.memory 80M + the launcher's 8 MiB, in whole megabytes (89M).
             "resources": {"devices": [{"allow": False, "access": "rwm"}],
                           "cpu": {"shares": 10, "quota": 10000, "period": 100000},
-                          "memory": {"limit": 148_000_000}},
+                          "memory": {"limit": 89_000_000}},
             "namespaces": NAMESPACES,
             "maskedPaths": MASKED,
             "readonlyPaths": READONLY,
@@ -116,7 +116,7 @@ def test_the_launcher_init_container_runs_the_images_entrypoint_read_only() -> N
     assert config["linux"]["resources"] == {
         "devices": [{"allow": False, "access": "rwm"}],
         "cpu": {"shares": 102, "quota": 10000, "period": 100000},
-        "memory": {"limit": 128 * 2**20}}
+        "memory": {"limit": 64 * 2**20}}
     assert "seccomp" not in config["linux"]
 
 

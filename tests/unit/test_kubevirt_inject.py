@@ -76,6 +76,9 @@ def test_the_injected_container() -> None:
     by_name = {c["name"]: c for c in pod["spec"]["containers"]}
     data = by_name["virtiofs-data"]
     assert data["command"][-1] == "/usr/libexec/virtiofsd"
+    # the native launcher, alone in the emptyDir: nothing of KubeVirt's image runs it
+    assert data["command"][0] == f"{kc.LAUNCHER_DIR}/{kc.LAUNCHER_BINARY}"
+    assert data["command"][1] == "launch"
     launch = data["command"][data["command"].index("launch"):]
     assert launch[:5] == ["launch", "--socket", "/var/run/kubevirt/fhmon/fhmon.sock",
                           "--share", "/data"]
@@ -88,7 +91,7 @@ def test_the_injected_container() -> None:
                           "/usr/libexec/virtiofsd"]
     assert kc.LAUNCHER_MIGRATION_FLAG not in data["command"]
     assert data["resources"]["limits"]["fhmon.io/virtiofs"] == "1"
-    assert data["resources"]["limits"]["memory"] == "148M"
+    assert data["resources"]["limits"]["memory"] == "89M"  # 80M + 8 MiB, whole megabytes
     assert data["resources"]["requests"]["memory"] == "1M"  # a Burstable request kept
     assert data["securityContext"] == yaml.safe_load(LAUNCHER_POD)["spec"]["containers"][1][
         "securityContext"]
@@ -98,7 +101,7 @@ def test_the_injected_container() -> None:
     assert by_name["virtiofs-settings"]["command"] == ["/usr/libexec/virtiofsd"]
     (init,) = [c for c in pod["spec"]["initContainers"] if c["name"] == kc.LAUNCHER_INIT]
     assert init["args"] == ["install-launcher", kc.LAUNCHER_DIR]
-    assert {"name": kc.LAUNCHER_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}} in pod["spec"][
+    assert {"name": kc.LAUNCHER_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}} in pod["spec"][
         "volumes"]
 
 
@@ -108,7 +111,7 @@ def test_guaranteed_pod_stays_guaranteed() -> None:
                                                  "requests": {"cpu": "1", "memory": "80Mi"}}
     (op, *_) = plan_pod(pod)
     resources = op.value["resources"]
-    assert resources["limits"]["memory"] == resources["requests"]["memory"] == "144Mi"
+    assert resources["limits"]["memory"] == resources["requests"]["memory"] == "88Mi"
 
 
 def test_idempotent() -> None:

@@ -1,8 +1,26 @@
-"""What the launcher execs once fhmon serves: virtiofsd's own argv with the handle flags."""
+"""What the launcher execs once fhmon serves: virtiofsd's own argv with the handle flags.
+
+Asked of the native launcher: its hidden `served-argv` command prints what it would exec."""
 
 from __future__ import annotations
 
-from monitor.launcher import Options, served_argv
+import subprocess
+
+from monitor import launcher
+from monitor.launcher import Options
+
+
+def served_argv(argv: list[str], options: Options) -> list[str]:
+    flags = []
+    if options.virtiofsd_handles is not None:
+        flags.append(f"--virtiofsd-handles={options.virtiofsd_handles}")
+    if options.migration_by_handle:
+        flags.append("--virtiofsd-migration=file-handles")
+    out = subprocess.run([str(launcher.NATIVE_LAUNCHER), "served-argv", *flags, "--", *argv],
+                         capture_output=True, check=True, timeout=30).stdout
+    assert out.endswith(b"\0")
+    return [arg.decode() for arg in out[:-1].split(b"\0")]
+
 
 KUBEVIRT = ["/usr/libexec/virtiofsd", "--socket-path=/s.sock", "--shared-dir=/disk",
             "--cache=auto", "--sandbox=none", "--migration-mode=find-paths",

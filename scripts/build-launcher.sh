@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Build the native launcher (native/launcher, `fhmon-launch`) into monitor/_bin/, where
+# `fhmon launch` execs it, `fhmon install-launcher` copies it from, and the wheel takes it
+# (pyproject.toml's include). Static (glibc's libc.a, +crt-static) so that it runs in any
+# image, KubeVirt's included. Used by scripts/setup.sh and deploy/Containerfile.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+host=$(rustc -vV | sed -n 's/^host: //p')
+flags_var="CARGO_TARGET_$(echo "$host" | tr 'a-z.-' 'A-Z__')_RUSTFLAGS"
+(cd native && env "$flags_var=-C target-feature=+crt-static" \
+    cargo build --quiet --locked --profile launcher -p fhmon-launch --target "$host")
+mkdir -p monitor/_bin
+install -m 0755 "native/target/$host/launcher/fhmon-launch" monitor/_bin/fhmon-launch
