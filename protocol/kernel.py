@@ -13,6 +13,7 @@ from typing import Final, NamedTuple
 AUDIT_ARCH_X86_64: Final = 0xC000003E
 SYS_NAME_TO_HANDLE_AT: Final = 303
 SYS_OPEN_BY_HANDLE_AT: Final = 304
+X32_SYSCALL_BIT: Final = 0x40000000  # x32 calls: AUDIT_ARCH_X86_64 with this bit set
 
 # --- seccomp user notification ioctls (include/uapi/linux/seccomp.h) -------------------
 SECCOMP_IOCTL_NOTIF_RECV: Final = 0xC0502100

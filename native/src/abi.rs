@@ -1,7 +1,10 @@
-//! Kernel ABI (x86_64) for seccomp user notifications: the same numbers as protocol/kernel.py,
+//! Kernel ABI (x86_64), the one home of the crates' kernel numbers: the same as protocol/kernel.py
+//! (tests/unit/test_abi_home.py compares them; no other Rust file declares one),
 //! decoded and encoded in safe code from fixed-size byte arrays (no pointer casts).
 
 pub const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+/// x32 system calls run under AUDIT_ARCH_X86_64 with this bit set in the number
+pub const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 pub const SYS_NAME_TO_HANDLE_AT: i32 = 303;
 pub const SYS_OPEN_BY_HANDLE_AT: i32 = 304;
 
@@ -29,6 +32,50 @@ pub const KCMP_FILE: i32 = 0;
 
 pub const O_CLOEXEC: i32 = 0o2_000_000;
 pub const O_PATH: i32 = 0o10_000_000;
+
+/// pidfd_open(2): a thread, not a process (O_EXCL's bit)
+pub const PIDFD_THREAD: u32 = 0o200;
+/// openat2(2) resolve flags
+pub const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+pub const RESOLVE_IN_ROOT: u64 = 0x10;
+
+pub const PATH_MAX: usize = 4096;
+pub const PAGE_SIZE: u64 = 4096;
+
+/// struct file_handle (fs/fhandle.c): the bound on f_handle, the header before it, and the
+/// type bits of handle_type the kernel reserves for flags
+pub const MAX_HANDLE_SZ: usize = 128;
+pub const FILE_HANDLE_HEADER_SIZE: usize = 8;
+pub const FILEID_INVALID: i32 = 255;
+pub const FILEID_IS_CONNECTABLE: u32 = 0x1_0000;
+pub const FILEID_IS_DIR: u32 = 0x2_0000;
+pub const FILEID_USER_FLAGS_MASK: u32 = 0xFFFF_0000;
+pub const FILEID_VALID_USER_FLAGS: u32 = FILEID_IS_CONNECTABLE | FILEID_IS_DIR;
+/// the generic exportfs layouts (include/linux/exportfs.h) whose parent fhmon can find
+pub const FILEID_INO32_GEN: i32 = 1;
+pub const FILEID_INO32_GEN_PARENT: i32 = 2;
+pub const FILEID_INO64_GEN: i32 = 0x81; // xfs's 64-bit
+pub const FILEID_INO64_GEN_PARENT: i32 = 0x82;
+
+/// capabilities (linux/capability.h): capget/capset's version and the bits fhmon keeps
+pub const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+pub const CAP_KILL: u32 = 5;
+pub const CAP_SETGID: u32 = 6;
+pub const CAP_SETUID: u32 = 7;
+pub const CAP_SYS_PTRACE: u32 = 19;
+
+/// inode flags (FS_IOC_GETFLAGS) and statfs f_flags
+pub const FS_IOC_GETFLAGS: u64 = 0x8008_6601;
+pub const FS_IMMUTABLE_FL: i32 = 0x10;
+pub const FS_APPEND_FL: i32 = 0x20;
+pub const ST_RDONLY: i64 = 1;
+
+/// statfs f_type of the local filesystems whose chmod by the owner always takes
+pub const EXT4_SUPER_MAGIC: i64 = 0xEF53; // ext2, ext3, ext4
+pub const XFS_SUPER_MAGIC: i64 = 0x5846_5342;
+pub const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
+pub const TMPFS_MAGIC: i64 = 0x0102_1994;
+pub const F2FS_SUPER_MAGIC: i64 = 0xF2F5_2010;
 
 /// One `struct seccomp_notif`: u64 id; u32 pid; u32 flags; then seccomp_data
 /// {i32 nr; u32 arch; u64 instruction_pointer; u64 args[6]}.

@@ -17,10 +17,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use crate::status::Credentials;
 use crate::sys;
 
-const CAP_KILL: u32 = 5;
-const CAP_SETGID: u32 = 6;
-const CAP_SETUID: u32 = 7;
-const CAP_SYS_PTRACE: u32 = 19;
+use crate::abi::{CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SYS_PTRACE};
 /// capabilities that opening a directory or regular file never consults
 const OPEN_NEUTRAL_CAPS: u64 =
     1 << CAP_KILL | 1 << CAP_SETGID | 1 << CAP_SETUID | 1 << CAP_SYS_PTRACE;

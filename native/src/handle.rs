@@ -1,11 +1,8 @@
 //! `struct file_handle` and fhmon's signed trailer, parsed from target bytes in safe code.
 //! Layouts as protocol/kernel.py and protocol/signed_handle.py define them.
 
-pub const MAX_HANDLE_SZ: usize = 128;
-pub const HEADER_SIZE: usize = 8;
-pub const FILEID_INVALID: i32 = 255;
-const FILEID_USER_FLAGS_MASK: u32 = 0xFFFF_0000;
-const FILEID_VALID_USER_FLAGS: u32 = 0x1_0000 | 0x2_0000; // IS_CONNECTABLE | IS_DIR
+pub use crate::abi::{FILE_HANDLE_HEADER_SIZE as HEADER_SIZE, FILEID_INVALID, MAX_HANDLE_SZ};
+use crate::abi::{FILEID_USER_FLAGS_MASK, FILEID_VALID_USER_FLAGS};
 
 pub const KEY_ID_SIZE: usize = 4;
 pub const MAC_SIZE: usize = 16;

@@ -266,7 +266,7 @@ pub struct Plane {
     refusals: Mutex<Vec<(&'static str, u64)>>,
     /// native call counts of targets removed since the last take_stats
     removed_calls: Mutex<Vec<(u64, u64)>>,
-    /// test hook (Plane._test_panic): this many coming calls panic in their work
+    /// test hook (monitor._native.Plane.panic_next_calls): this many coming calls panic in their work
     panic_next: AtomicU64,
     events: Mutex<Events>,
     wakeup: Condvar,
@@ -701,8 +701,8 @@ impl Plane {
 
 /// Cache a thread's pidfd. A full cache takes no new entry (the pidfd is closed when it
 /// drops): it never probes its entries on a put, which made every call of a target with
-/// thousands of threads cost a pidfd_alive per cached thread (issue 17's item 7, as the
-/// reference's ThreadCache.put); the once-a-second sweep makes room when threads exit.
+/// thousands of threads cost a pidfd_alive per cached thread (a neighbour's p50 went 12x,
+/// bench/thread_cache.py; as the reference's ThreadCache.put); the once-a-second sweep makes room when threads exit.
 fn remember(cache: &mut ThreadCache, tid: u32, pidfd: OwnedFd, frozen: Option<Arc<Status>>) {
     cache.forget(tid);
     if cache.len() < cache.limit {
@@ -721,7 +721,7 @@ fn guarded<T>(work: impl FnOnce() -> T) -> Option<T> {
 /// TargetThread.read_path (the first page first, where almost every path ends): its length
 /// without the NUL (which buf holds at that index).
 fn read_path(tid: i32, addr: u64, buf: &mut [u8; PATH_MAX]) -> Result<usize, Outcome> {
-    const PAGE: u64 = 4096;
+    const PAGE: u64 = crate::abi::PAGE_SIZE;
     if addr == 0 {
         return Err(err(libc::EFAULT));
     }

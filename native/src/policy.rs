@@ -1,7 +1,6 @@
 //! Inside-the-share checks and the O_PATH fallback's chmod rule, ported from
-//! monitor/policy.py (check_resolved, check_opened, _dir_inside, _file_inside, _parent_dir)
-//! and monitor/handlers/open_by_handle_at.py (_chmod_would_succeed), errno for errno and
-//! reason for reason, kept in this one module so that a change of policy lands in one place.
+//! monitor/policy.py (check_resolved, check_opened, _dir_inside, _file_inside, _parent_dir,
+//! chmod_would_succeed), errno for errno and reason for reason, kept in this one module so that a change of policy lands in one place.
 //!
 //! "Inside" is decided on fds, never on path strings alone: walking '..' from the object (a
 //! directory, or a file's parent directory) must meet the share root (its st_dev and st_ino
@@ -12,11 +11,11 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use crate::abi;
+use crate::abi::{self, FS_APPEND_FL, FS_IMMUTABLE_FL, ST_RDONLY};
 use crate::handle::MAX_HANDLE_SZ;
 use crate::sys::{self, Errno};
 
-pub const PATH_MAX: usize = 4096;
+pub use crate::abi::PATH_MAX;
 
 /// A refused call: the errno the target gets and the reason the audit log records (the
 /// same words as monitor/policy.py), or a failure of fhmon's own syscalls (the reference's
@@ -250,10 +249,15 @@ fn unverifiable(errno: Errno) -> Refusal {
 /// exportfs layouts (include/linux/exportfs.h), the type of the parent's own handle and
 /// where its bytes lie in the file's handle.
 pub fn parent_layout(handle_type: i32) -> Option<(i32, std::ops::Range<usize>)> {
-    const FILEID_USER_FLAGS_MASK: u32 = 0xFFFF_0000;
-    match handle_type as u32 & !FILEID_USER_FLAGS_MASK {
-        2 => Some((1, 8..16)), // FILEID_INO32_GEN_PARENT: ino, gen, parent ino, gen
-        0x82 => Some((0x81, 12..24)), // xfs's 64-bit: ino64, gen, parent ino64, parent gen
+    use crate::abi::{
+        FILEID_INO32_GEN, FILEID_INO32_GEN_PARENT, FILEID_INO64_GEN, FILEID_INO64_GEN_PARENT,
+        FILEID_USER_FLAGS_MASK,
+    };
+    match (handle_type as u32 & !FILEID_USER_FLAGS_MASK) as i32 {
+        // ino, gen, parent ino, gen
+        FILEID_INO32_GEN_PARENT => Some((FILEID_INO32_GEN, 8..16)),
+        // xfs's 64-bit: ino64, gen, parent ino64, parent gen
+        FILEID_INO64_GEN_PARENT => Some((FILEID_INO64_GEN, 12..24)),
         _ => None,
     }
 }
@@ -273,19 +277,16 @@ fn parent_dir(share: &ShareRoot<'_>, obj: BorrowedFd<'_>) -> Option<OwnedFd> {
 }
 
 /// statfs f_type of local filesystems whose chmod by the owner always takes
-/// (open_by_handle_at.py _CHMOD_KEEPING_FILESYSTEMS).
+/// (monitor/policy.py _CHMOD_KEEPING_FILESYSTEMS).
 const CHMOD_KEEPING_FILESYSTEMS: [i64; 5] = [
-    0xEF53,     // ext2, ext3, ext4
-    0x58465342, // xfs
-    0x9123683E, // btrfs
-    0x01021994, // tmpfs
-    0xF2F52010, // f2fs
+    abi::EXT4_SUPER_MAGIC,
+    abi::XFS_SUPER_MAGIC,
+    abi::BTRFS_SUPER_MAGIC,
+    abi::TMPFS_MAGIC,
+    abi::F2FS_SUPER_MAGIC,
 ];
-const ST_RDONLY: i64 = 1;
-const FS_IMMUTABLE_FL: i32 = 0x10;
-const FS_APPEND_FL: i32 = 0x20;
 
-/// open_by_handle_at.py _chmod_would_succeed: whether chmod(2) by a caller with this fsuid
+/// monitor/policy.py chmod_would_succeed: whether chmod(2) by a caller with this fsuid
 /// would pass every check the kernel makes that fhmon can see: the caller owns the inode,
 /// neither the mount nor the superblock is read-only, the inode is neither immutable nor
 /// append-only (asked only on a real open file: an O_PATH fd answers true here and is

@@ -66,7 +66,7 @@ impl PyKeyRing {
 
     /// What signing and verifying cost inside the data plane (no Python call per
     /// operation): microseconds per sign and per verify of an 8-byte kernel handle, each the
-    /// mean of `iterations` runs (bench/levers.py reports it against issue 16's 1 us).
+    /// mean of `iterations` runs (bench/levers.py reports it against the 1 us bound for signing in the native plane).
     fn cost(&self, py: Python<'_>, iterations: u32) -> PyResult<(f64, f64)> {
         if iterations == 0 {
             return Err(PyValueError::new_err("iterations must be at least 1"));

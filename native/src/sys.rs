@@ -169,7 +169,7 @@ pub fn cpus_allowed() -> usize {
 /// process_vm_readv of [addr, addr + buf.len()) in `pid` into buf, cut at page boundaries
 /// so that the readable prefix comes back (the kernel stops at the first fault): the count.
 pub fn read_target(pid: i32, addr: u64, buf: &mut [u8]) -> Result<usize, Errno> {
-    const PAGE: u64 = 4096;
+    const PAGE: u64 = abi::PAGE_SIZE;
     const MAX_IOV: usize = 4;
     if buf.is_empty() {
         return Ok(0);
@@ -243,7 +243,7 @@ pub fn write_target(pid: i32, chunks: &[(u64, &[u8])]) -> Result<usize, Errno> {
 
 // --- fds of the target ----------------------------------------------------------------
 
-pub const PIDFD_THREAD: u32 = libc::O_EXCL as u32;
+pub use crate::abi::PIDFD_THREAD;
 
 pub fn pidfd_open(pid: i32, flags: u32) -> Result<OwnedFd, Errno> {
     // SAFETY: pidfd_open takes two integers and returns a new fd or -1.
@@ -532,8 +532,6 @@ pub fn wake_thread(thread: libc::pthread_t) {
 
 // --- credentials of the calling thread ---------------------------------------------------
 
-const CAP_VERSION_3: u32 = 0x2008_0522;
-
 #[repr(C)]
 struct CapHeader {
     version: u32,
@@ -551,7 +549,7 @@ struct CapData {
 /// (effective, permitted, inheritable) of the calling thread, as 64-bit masks.
 pub fn capget_thread() -> Result<(u64, u64, u64), Errno> {
     let mut header = CapHeader {
-        version: CAP_VERSION_3,
+        version: abi::LINUX_CAPABILITY_VERSION_3,
         pid: 0,
     };
     let mut data = [CapData::default(); 2];
@@ -571,7 +569,7 @@ pub fn capget_thread() -> Result<(u64, u64, u64), Errno> {
 /// capset on the calling thread only (the raw syscall; pid 0 = this thread).
 pub fn capset_thread(effective: u64, permitted: u64, inheritable: u64) -> Result<(), Errno> {
     let mut header = CapHeader {
-        version: CAP_VERSION_3,
+        version: abi::LINUX_CAPABILITY_VERSION_3,
         pid: 0,
     };
     let data = [
@@ -772,7 +770,7 @@ pub fn fstat_dev_uid(fd: BorrowedFd<'_>) -> Result<(u64, u32), Errno> {
 pub fn inode_flags(fd: BorrowedFd<'_>) -> Result<i32, Errno> {
     let mut flags: i32 = 0;
     // SAFETY: FS_IOC_GETFLAGS writes one int through the pointer, which points at one.
-    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), 0x8008_6601u64 as _, &mut flags) };
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), abi::FS_IOC_GETFLAGS as _, &mut flags) };
     if ret < 0 {
         Err(last_errno())
     } else {

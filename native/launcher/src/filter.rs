@@ -14,12 +14,12 @@ const NR_OFFSET: u32 = 0;
 const ARCH_OFFSET: u32 = 4;
 
 #[cfg(target_arch = "x86_64")]
-const AUDIT_ARCH: u32 = 0xc000_003e; // AUDIT_ARCH_X86_64
+const AUDIT_ARCH: u32 = fhmon_native::abi::AUDIT_ARCH_X86_64;
 #[cfg(target_arch = "aarch64")]
 const AUDIT_ARCH: u32 = 0xc000_00b7; // AUDIT_ARCH_AARCH64
 /// x32 system calls run under AUDIT_ARCH_X86_64 with this bit set in the number.
 #[cfg(target_arch = "x86_64")]
-const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+const X32_SYSCALL_BIT: u32 = fhmon_native::abi::X32_SYSCALL_BIT;
 #[cfg(not(target_arch = "x86_64"))]
 const X32_SYSCALL_BIT: u32 = u32::MAX; // nothing to refuse: no number reaches it
 

@@ -66,7 +66,7 @@ impl Plane {
         matches!((ours, theirs), (Ok(a), Ok(b)) if a == b)
     }
 
-    /// Answerer._owned_by_peer: a target registered by an unprivileged client is served
+    /// monitor/handlers/caller_uid.py: a target registered by an unprivileged client is served
     /// only for threads of that client's uid. Ok(false): another uid (the reference answers
     /// EPERM and audits it); Err(Gone): the thread went away.
     pub(super) fn owned_by_peer(

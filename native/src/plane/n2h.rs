@@ -168,8 +168,7 @@ impl Plane {
         path: &[u8],
         follow: bool,
     ) -> Result<OwnedFd, Outcome> {
-        const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-        const RESOLVE_IN_ROOT: u64 = 0x10;
+        use crate::abi::{RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
         let mut resolve_flags = RESOLVE_NO_MAGICLINKS;
         let start = if path.first() == Some(&b'/') {
             let root = self.open_proc_link(target, n, b"root")?;
