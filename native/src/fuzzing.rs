@@ -133,3 +133,27 @@ pub fn intake(data: &[u8]) {
         out
     }
 }
+
+/// The property loops' pseudo-random source (xorshift64: seeded, so a failure repeats),
+/// shared by tests/parsers.rs and the launcher's.
+pub struct XorShift(pub u64);
+
+impl XorShift {
+    #[allow(clippy::should_implement_trait)] // an endless generator, not an Iterator
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+}
+
+/// How many inputs a property loop runs: FHMON_FUZZ_ITERATIONS, else 20,000.
+pub fn iterations() -> u64 {
+    std::env::var("FHMON_FUZZ_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000)
+}

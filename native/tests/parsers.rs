@@ -2,41 +2,21 @@
 //! pseudo-random inputs plus edge cases, so `cargo test` covers every parser of target bytes
 //! even where cargo-fuzz (nightly) is unavailable. FHMON_FUZZ_ITERATIONS sets the count.
 
-use fhmon_native::fuzzing;
+use fhmon_native::fuzzing::{self, XorShift, iterations};
 
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
+/// Inputs shaped like the real ones often enough to reach the deep branches: a plausible
+/// handle header (handle_bytes near the limits, valid types) in about half of them.
+fn input(rng: &mut XorShift, buf: &mut Vec<u8>) {
+    buf.clear();
+    let len = (rng.next() % 160) as usize;
+    for _ in 0..len {
+        buf.push(rng.next() as u8);
     }
-
-    /// Inputs shaped like the real ones often enough to reach the deep branches: a plausible
-    /// handle header (handle_bytes near the limits, valid types) in about half of them.
-    fn input(&mut self, buf: &mut Vec<u8>) {
-        buf.clear();
-        let len = (self.next() % 160) as usize;
-        for _ in 0..len {
-            buf.push(self.next() as u8);
-        }
-        if len >= 8 && self.next() % 2 == 0 {
-            let n = [0u32, 1, 8, 20, 21, 28, 127, 128, 129][(self.next() % 9) as usize];
-            buf[..4].copy_from_slice(&n.to_le_bytes());
-            buf[4..8].copy_from_slice(&((self.next() % 3) as i32).to_le_bytes());
-        }
+    if len >= 8 && rng.next() % 2 == 0 {
+        let n = [0u32, 1, 8, 20, 21, 28, 127, 128, 129][(rng.next() % 9) as usize];
+        buf[..4].copy_from_slice(&n.to_le_bytes());
+        buf[4..8].copy_from_slice(&((rng.next() % 3) as i32).to_le_bytes());
     }
-}
-
-fn iterations() -> u64 {
-    std::env::var("FHMON_FUZZ_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000)
 }
 
 fn run(seed: u64, target: fn(&[u8])) {
@@ -47,7 +27,7 @@ fn run(seed: u64, target: fn(&[u8])) {
     let mut rng = XorShift(seed);
     let mut buf = Vec::with_capacity(200);
     for _ in 0..iterations() {
-        rng.input(&mut buf);
+        input(&mut rng, &mut buf);
         target(&buf);
     }
 }

@@ -2,26 +2,7 @@
 //! as native/tests/parsers.rs does for the plane's. FHMON_FUZZ_ITERATIONS sets the count.
 
 use fhmon_launch::fuzzing;
-
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-}
-
-fn iterations() -> u64 {
-    std::env::var("FHMON_FUZZ_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000)
-}
+use fhmon_native::fuzzing::{XorShift, iterations};
 
 /// Inputs built from `words` (real option names, separators) and random bytes, so that the
 /// deep branches are reached as well as the shallow refusals.
