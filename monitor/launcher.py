@@ -23,9 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-REGISTRATION_TIMEOUT = 30.0
-FAIL_OPEN_TIMEOUT = 5.0
-
 
 class LaunchError(Exception):
     """Launching failed before CMD ran; the message is for the operator."""
@@ -74,13 +71,14 @@ class Options:
     such flag replaced); CMD as given otherwise.
     migration_by_handle: once fhmon serves, also turn a --migration-mode CMD already has into
     --migration-mode=file-handles (both ends of a migration must then be under fhmon).
-    registration_timeout: how long fhmon may take to answer, and the probe to complete.
+    registration_timeout: how long fhmon may take to answer, and the probe to complete;
+    None leaves the default to the native launcher (30 s, 5 s with fail_open).
     """
 
     fail_open: bool = False
     virtiofsd_handles: HandleMode | None = None
     migration_by_handle: bool = False
-    registration_timeout: float = REGISTRATION_TIMEOUT
+    registration_timeout: float | None = None
 
 
 NATIVE_LAUNCHER = Path(__file__).resolve().parent / "_bin" / "fhmon-launch"
@@ -119,4 +117,6 @@ def native_argv(socket_path: str, share: str, user: UserSpec | None, argv: list[
         out.append(f"--virtiofsd-handles={options.virtiofsd_handles}")
     if options.migration_by_handle:
         out.append("--virtiofsd-migration=file-handles")
-    return [*out, f"--registration-timeout={options.registration_timeout!r}", "--", *argv]
+    if options.registration_timeout is not None:
+        out.append(f"--registration-timeout={options.registration_timeout!r}")
+    return [*out, "--", *argv]

@@ -38,11 +38,8 @@ def launch(args: argparse.Namespace) -> int:
         if not argv:
             raise launcher.LaunchError("no command given after --")
         user = launcher.parse_user(args.user) if args.user else None
-        timeout = args.registration_timeout
-        if timeout is None:
-            timeout = launcher.FAIL_OPEN_TIMEOUT if args.fail_open else \
-                launcher.REGISTRATION_TIMEOUT
-        if not timeout > 0:
+        timeout = args.registration_timeout  # None: the native launcher's default
+        if timeout is not None and not timeout > 0:
             raise launcher.LaunchError("--registration-timeout must be positive")
         native = launcher.native_argv(args.socket, args.share, user, argv, launcher.Options(
             fail_open=args.fail_open, virtiofsd_handles=args.virtiofsd_handles,
