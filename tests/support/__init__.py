@@ -1,7 +1,7 @@
 """What the tests build on: the world tree, a running fhmon, target agents, raw intake
 clients and handle shorthands. conftest.py only turns these into fixtures.
 
-- world.py: World and build_world, NOBODY, FHMON, SYSTEM_PYTHON, wait_until, readable,
+- world.py: World and build_world, NOBODY, FHMON, SYSTEM_PYTHON, wait_until, ready and readable,
   thread_syscalls, nobodys_directory, deep_directory (a chain of directories deeper than PATH_MAX),
   lease_break_time
 - service.py: Service (a `fhmon serve`), Runner and unprivileged_runner (fhmon as uid 65534)

@@ -7,12 +7,13 @@ another address than the kubelet or the API server."""
 from __future__ import annotations
 
 import contextlib
-import select
 import socket
 import ssl
 import threading
 import time
 from dataclasses import dataclass, field
+
+from tests.support.world import ready
 
 
 def free_port() -> int:
@@ -75,7 +76,7 @@ class Attacker:
                     socks[s] = 0
                     self.opened += 1
                 self.holding = len(socks)
-                for s in _readable(list(socks), self.interval):
+                for s in ready(list(socks), self.interval):
                     try:
                         data = s.recv(4096)
                     except OSError:
@@ -98,16 +99,6 @@ class Attacker:
         finally:
             for s in socks:
                 s.close()
-
-
-def _readable(socks: list[socket.socket], timeout: float) -> list[socket.socket]:
-    """The sockets with something to read (or closed) within timeout: poll(), which takes
-    any fd number, where select() refuses those above 1,023."""
-    poller = select.poll()
-    by_fd = {s.fileno(): s for s in socks}
-    for fd in by_fd:
-        poller.register(fd, select.POLLIN)
-    return [by_fd[fd] for fd, _ in poller.poll(timeout * 1000)]
 
 
 def tls_client_context() -> ssl.SSLContext:
@@ -175,7 +166,7 @@ class ReviewFlood:
                         raw.settimeout(0.2)
                         while time.monotonic() < deadline and not self.stop.is_set():
                             with contextlib.suppress(TimeoutError):
-                                if _readable([raw], 0.2) and not raw.recv(1, socket.MSG_PEEK):
+                                if ready([raw], 0.2) and not raw.recv(1, socket.MSG_PEEK):
                                     break
             except (OSError, ssl.SSLError):
                 self.failed += 1

@@ -31,13 +31,21 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> bool:
     return bool(predicate())
 
 
-def readable(source: Any, timeout: float) -> bool:
-    """True once source (an fd, or anything with fileno()) has something to read or hung
-    up, within timeout seconds. poll(), not select(): select() refuses an fd above 1,023,
-    and a whole run's pytest process does reach such numbers."""
+def ready(sources: list[Any], timeout: float) -> list[Any]:
+    """Those of sources (fds, or anything with fileno()) that have something to read or
+    hung up within timeout seconds. poll(), not select(): select() refuses an fd above
+    1,023, and a whole run's pytest process does reach such numbers."""
     poller = select.poll()
-    poller.register(source, select.POLLIN)
-    return bool(poller.poll(max(0.0, timeout) * 1000))
+    by_fd = {source if isinstance(source, int) else source.fileno(): source
+             for source in sources}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(max(0.0, timeout) * 1000)]
+
+
+def readable(source: Any, timeout: float) -> bool:
+    """True once source has something to read or hung up, within timeout seconds."""
+    return bool(ready([source], timeout))
 
 
 @contextlib.contextmanager
