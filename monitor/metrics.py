@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from monitor.handlers.base import Answered, CallContext, Middleware, Step
 from monitor.labels import errno_name, refusal_code, result_label, syscall_label
 from monitor.listener import NotificationGone
-from monitor.target_thread import SyscallError
+from monitor.plane.target_thread import SyscallError
 
 # Calls take microseconds; latency buckets from 5 us to 50 ms (upper bounds, seconds).
 LATENCY_BUCKETS = (5e-6, 1e-5, 2e-5, 3e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 5e-4,

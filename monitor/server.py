@@ -32,6 +32,7 @@ from monitor.keeper_client import KeeperClient
 from monitor.key_watch import key_dir_fingerprint, watch_key_dir
 from monitor.listener import Listener
 from monitor.metrics import CallStats
+from monitor.plane.thread_cache import ThreadCache, cached_threads_per_target
 from monitor.policy import RegistrationRefused
 from monitor.proc_status import Credentials
 from monitor.prom import Metrics
@@ -43,7 +44,6 @@ from monitor.registration import (
 )
 from monitor.signing import KeyDirError, KeyRing
 from monitor.stuck_calls import restart_stuck_calls_of
-from monitor.thread_cache import ThreadCache, cached_threads_per_target
 from monitor.worker_supervisor import WorkerProcess, WorkerStartError
 from protocol import native, oci
 from protocol import worker as worker_wire

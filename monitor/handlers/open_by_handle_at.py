@@ -35,8 +35,8 @@ import stat
 from monitor import linux
 from monitor.credentials import acting_as
 from monitor.handlers.base import CallContext, InjectFd
+from monitor.plane.target_thread import SyscallError
 from monitor.policy import check_opened, chmod_would_succeed
-from monitor.target_thread import SyscallError
 from protocol import kernel
 
 # Flags that only make sense for the open we do ourselves, or that the magic-link reopen

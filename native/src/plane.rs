@@ -68,7 +68,8 @@ pub struct Config {
     /// latency bucket upper bounds, seconds (monitor/metrics.py LATENCY_BUCKETS)
     pub buckets: [f64; BUCKETS],
     /// each target's thread cache holds at most this many pidfds (its fair share of
-    /// RLIMIT_NOFILE: monitor/thread_cache.py cached_threads_per_target); 1..=PIDFD_CACHE
+    /// RLIMIT_NOFILE: monitor/plane/thread_cache.py cached_threads_per_target);
+    /// 1..=PIDFD_CACHE
     pub pidfds_per_target: usize,
 }
 
@@ -203,7 +204,7 @@ impl Spare {
 
 /// A thread of the target seen before: its pidfd (which names that thread for as long as
 /// it lives: a live pidfd's TID is the notifying thread's) and its real uid once its
-/// credentials are known to be frozen (monitor/thread_cache.py ThreadCache).
+/// credentials are known to be frozen (monitor/plane/thread_cache.py ThreadCache).
 struct ThreadEntry {
     pidfd: OwnedFd,
     frozen: Option<Arc<Status>>,
@@ -765,7 +766,7 @@ fn getfd_error(target: &Target, n: &Notification, e: Errno) -> Outcome {
 }
 
 /// Out of fds or memory in fhmon (EMFILE, ENFILE, ENOMEM): the kernel's own answer in that
-/// state, as the reference's RESOURCE_ERRNOS (monitor/target_thread.py).
+/// state, as the reference's RESOURCE_ERRNOS (monitor/plane/target_thread.py).
 fn is_resource_errno(e: Errno) -> bool {
     matches!(e, libc::EMFILE | libc::ENFILE | libc::ENOMEM)
 }
