@@ -1,5 +1,5 @@
 """Counters and latency of emulated calls, as middleware around every handler (the
-audit of refusals is monitor/audit.py; their fixed label values monitor/labels.py)."""
+audit of refusals is monitor/plane/audit.py; their fixed label values monitor/labels.py)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class CallStats:
                     mine[i] += count
 
     def count_refusal(self, reason: str) -> None:
-        """One call refused on policy (monitor/audit.py), by its reason's fixed code."""
+        """One call refused on policy (monitor/plane/audit.py), by its reason's fixed code."""
         with self.lock:
             self.refusals[refusal_code(reason)] += 1
 

@@ -44,7 +44,7 @@ pub const BUCKETS: usize = 16;
 const MAX_EVENTS: usize = 4096;
 /// The most pidfds a target's thread cache holds (Config::pidfds_per_target is at most this).
 pub const PIDFD_CACHE: usize = 1024;
-/// errnos whose refusal with a reason is audited (monitor/audit.py _POLICY_ERRNOS)
+/// errnos whose refusal with a reason is audited (monitor/plane/audit.py _POLICY_ERRNOS)
 const POLICY_ERRNOS: [i32; 5] = [
     libc::EACCES,
     libc::ESTALE,
@@ -91,7 +91,7 @@ impl Share {
     }
 }
 
-/// A refusal for the audit log, as monitor/audit.py audit_middleware writes it.
+/// A refusal for the audit log, as monitor/plane/audit.py audit_middleware writes it.
 #[derive(Clone, Debug)]
 pub struct Refused {
     pub syscall: usize,
