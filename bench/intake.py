@@ -34,20 +34,20 @@ from pathlib import Path
 
 from bench.procs import Monitor, Pool, run_once
 from bench.run import make_base, remove_base
-from protocol import native
+from protocol import intake_wire
 
 KINDS = ("alone", "pipelined", "status", "slow")
 
 
 def _pipelined(path: str, stop: threading.Event) -> None:
-    burst = native.encode(native.Ping()) * (16384 // native.HEADER_SIZE)
+    burst = intake_wire.encode(intake_wire.Ping()) * (16384 // intake_wire.HEADER_SIZE)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(5)
         sock.connect(path)
         while not stop.is_set():
             sock.sendall(burst)
             got = 0
-            while got < len(burst) // native.HEADER_SIZE * 10 and not stop.is_set():
+            while got < len(burst) // intake_wire.HEADER_SIZE * 10 and not stop.is_set():
                 data = sock.recv(1 << 20)  # PONGs (about 100 bytes each): drain some
                 if not data:
                     return
@@ -55,11 +55,11 @@ def _pipelined(path: str, stop: threading.Event) -> None:
 
 
 def _status(path: str, stop: threading.Event) -> None:
-    request = native.encode(native.StatusRequest())
+    request = intake_wire.encode(intake_wire.StatusRequest())
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(5)
         sock.connect(path)
-        decoder = native.FrameDecoder()
+        decoder = intake_wire.FrameDecoder()
         while not stop.is_set():
             sock.sendall(request * 8)
             answered = 0
@@ -73,7 +73,7 @@ def _status(path: str, stop: threading.Event) -> None:
 
 
 def _slow(path: str, stop: threading.Event) -> None:
-    hello = native.encode(native.Hello(1, "/nonexistent", "slow"))
+    hello = intake_wire.encode(intake_wire.Hello(1, "/nonexistent", "slow"))
     while not stop.is_set():
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(path)

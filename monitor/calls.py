@@ -8,15 +8,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor.audit import audit_middleware
 from monitor.handlers.base import CallContext
 from monitor.handlers.registry import HandlerRegistry
 from monitor.listener import Listener
 from monitor.metrics import CallStats, metrics_middleware
+from monitor.plane.audit import audit_middleware
+from monitor.plane.target_thread import TargetThread
+from monitor.plane.thread_cache import ThreadCache
 from monitor.policy import Share
 from monitor.signing import KeyRing
-from monitor.target_thread import TargetThread
-from monitor.thread_cache import ThreadCache
 from protocol import kernel
 
 

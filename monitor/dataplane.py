@@ -2,7 +2,7 @@
 
 One interface, two implementations, chosen by the `data_plane` config key:
 
-- `python`: monitor.answer_loop.PythonAnswerLoop, one thread answering every target
+- `python`: monitor.plane.answer_loop.PythonAnswerLoop, one thread answering every target
   through monitor/handlers (the readable reference);
 - `native` (the default): the Rust plane (native/src/plane.rs, monitor._native.Plane): per target,
   `data_plane_threads` native threads blocked in RECV, none holding the GIL, so that a
@@ -26,10 +26,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from monitor import log
-from monitor.answer_loop import PythonAnswerLoop
 from monitor.labels import refusal_code
 from monitor.metrics import LATENCY_BUCKETS, CallStats
-from monitor.thread_cache import MAX_CACHED_THREADS
+from monitor.plane.answer_loop import PythonAnswerLoop
+from monitor.plane.thread_cache import MAX_CACHED_THREADS
 from protocol import kernel
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from monitor.calls import PeerCred
 from monitor.config import Config
 from monitor.fdpass import close_quietly
 from monitor.registration import PEER_GONE
-from protocol import native, oci
+from protocol import intake_wire, oci
 from protocol.intake import Action, IntakeConversation, Phase, Step
 
 MAX_FDS_PER_MESSAGE = 16
@@ -40,13 +40,14 @@ _ACCEPT_CONNECTION_DIED = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPE
 class Registrar(Protocol):
     """What the intake asks of fhmon serve."""
 
-    def pong(self) -> native.Pong: ...
+    def pong(self) -> intake_wire.Pong: ...
 
-    def status_page(self, after: int) -> native.StatusReply: ...
+    def status_page(self, after: int) -> intake_wire.StatusReply: ...
 
-    def register_native(self, hello: native.Hello, fds: list[int], peer: PeerCred,
+    def register_native(self, hello: intake_wire.Hello, fds: list[int], peer: PeerCred,
                         nursery: trio.Nursery,
-                        peer_pidfd: int | None = None) -> native.Accept | native.Refuse: ...
+                        peer_pidfd: int | None = None) -> intake_wire.Accept | intake_wire.Refuse:
+        ...
 
     def register_oci(self, peer: PeerCred, state: oci.ContainerProcessState,
                      fds: list[int], nursery: trio.Nursery,
@@ -181,7 +182,7 @@ class Intake:
                 data, fds = await recv_with_fds(conn, fds)
                 if not data:
                     return
-                if native.looks_native(data):
+                if intake_wire.looks_native(data):
                     await self._converse(conn, peer, data, fds, nursery, scope, settle)
                 else:
                     registration = await _read_oci(conn, data, fds)
@@ -210,7 +211,7 @@ class Intake:
         registered, the connection is the launcher's for its target's life: it leaves the
         registration timeout and the pending count, and carries no more fds."""
         conversation = IntakeConversation()
-        decoder = native.FrameDecoder()
+        decoder = intake_wire.FrameDecoder()
         while True:
             try:
                 decoder.feed(data)
@@ -223,21 +224,21 @@ class Intake:
                         fds.clear()
                     reply = self._perform(step, message, fds, peer, nursery, conn)
                     if step.action is Action.REGISTER:
-                        conversation.registration_settled(isinstance(reply, native.Accept))
+                        conversation.registration_settled(isinstance(reply, intake_wire.Accept))
                         if not conversation.timed:  # registered: the launcher's for good
                             timeout.deadline = math.inf
                             settle()
                     if reply is not None:
-                        await conn.send(native.encode(reply))
+                        await conn.send(intake_wire.encode(reply))
                     if conversation.phase is Phase.CLOSED:
                         return
-            except native.ProtocolError as exc:
+            except intake_wire.ProtocolError as exc:
                 step = conversation.protocol_error(str(exc))
                 if step.action is Action.REFUSE:
                     self._registrar.count_registration("malformed")
                     log.event("registration_refused", logging.WARNING, peer_pid=peer.pid,
                               peer_uid=peer.uid, reason=str(exc))
-                    await conn.send(native.encode(native.Refuse(step.errno, step.reason)))
+                    await conn.send(intake_wire.encode(intake_wire.Refuse(step.errno, step.reason)))
                 return
             await self._pace.take(peer.uid)
             if conversation.phase is Phase.AWAITING_HELLO:
@@ -247,24 +248,24 @@ class Intake:
             if not data:
                 return
 
-    def _perform(self, step: Step, message: native.Message, fds: list[int], peer: PeerCred,
+    def _perform(self, step: Step, message: intake_wire.Message, fds: list[int], peer: PeerCred,
                  nursery: trio.Nursery,
-                 conn: trio.socket.SocketType) -> native.Message | None:
+                 conn: trio.socket.SocketType) -> intake_wire.Message | None:
         match step.action:
             case Action.PONG:
                 return self._registrar.pong()
             case Action.STATUS:
-                assert isinstance(message, native.StatusRequest)
+                assert isinstance(message, intake_wire.StatusRequest)
                 return self._registrar.status_page(message.after)
             case Action.REGISTER:
-                assert isinstance(message, native.Hello)
+                assert isinstance(message, intake_wire.Hello)
                 received = list(fds)
                 fds.clear()  # the registrar owns them now, whatever it answers
                 with peer_pidfd(conn) as client:
                     return self._registrar.register_native(message, received, peer, nursery,
                                                            client)
             case Action.REFUSE:
-                return native.Refuse(step.errno, step.reason)
+                return intake_wire.Refuse(step.errno, step.reason)
             case Action.IGNORE | Action.CLOSE:
                 return None
 
@@ -311,7 +312,7 @@ async def recv_with_fds(conn: trio.socket.SocketType, fds: list[int]) -> tuple[b
             close_quietly(fd)
         fds.clear()
         with contextlib.suppress(OSError):
-            await conn.send(native.encode(native.Refuse(errno.EINVAL, refusal)))
+            await conn.send(intake_wire.encode(intake_wire.Refuse(errno.EINVAL, refusal)))
         return b"", fds
     return data, fds
 

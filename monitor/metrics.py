@@ -1,5 +1,5 @@
 """Counters and latency of emulated calls, as middleware around every handler (the
-audit of refusals is monitor/audit.py; their fixed label values monitor/labels.py)."""
+audit of refusals is monitor/plane/audit.py; their fixed label values monitor/labels.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from monitor.handlers.base import Answered, CallContext, Middleware, Step
 from monitor.labels import errno_name, refusal_code, result_label, syscall_label
 from monitor.listener import NotificationGone
-from monitor.target_thread import SyscallError
+from monitor.plane.target_thread import SyscallError
 
 # Calls take microseconds; latency buckets from 5 us to 50 ms (upper bounds, seconds).
 LATENCY_BUCKETS = (5e-6, 1e-5, 2e-5, 3e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 5e-4,
@@ -68,7 +68,7 @@ class CallStats:
                     mine[i] += count
 
     def count_refusal(self, reason: str) -> None:
-        """One call refused on policy (monitor/audit.py), by its reason's fixed code."""
+        """One call refused on policy (monitor/plane/audit.py), by its reason's fixed code."""
         with self.lock:
             self.refusals[refusal_code(reason)] += 1
 

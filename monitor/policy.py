@@ -26,7 +26,7 @@ import stat
 from dataclasses import dataclass, field
 
 from monitor import linux, signing
-from monitor.target_thread import SyscallError
+from monitor.plane.target_thread import SyscallError
 from protocol import kernel
 
 

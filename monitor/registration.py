@@ -35,7 +35,7 @@ from monitor.linux import kcmp_same_file, pidfd_open
 from monitor.listener import is_seccomp_listener
 from monitor.policy import RegistrationRefused, Share, pin_share
 from monitor.proc_status import Credentials, read_status
-from protocol import native, oci
+from protocol import intake_wire, oci
 
 NOT_THE_CLIENTS = ("the target does not belong to this client (it must be the client "
                    "itself or its child)")
@@ -63,13 +63,13 @@ class Admitted:
     pid: int
 
 
-def hello_listener(hello: native.Hello, fds: list[int]) -> tuple[int, TargetClaim]:
+def hello_listener(hello: intake_wire.Hello, fds: list[int]) -> tuple[int, TargetClaim]:
     """The listener fd a HELLO carried and its target; every fd is closed on refusal."""
-    if hello.flags & ~native.HELLO_KNOWN_FLAGS:
+    if hello.flags & ~intake_wire.HELLO_KNOWN_FLAGS:
         for fd in fds:
             close_quietly(fd)
         raise RegistrationRefused(f"unknown HELLO flags {hello.flags:#x}", errno.EINVAL)
-    expected = native.hello_fd_count(hello.flags)
+    expected = intake_wire.hello_fd_count(hello.flags)
     if len(fds) != expected:
         for fd in fds:
             close_quietly(fd)

@@ -32,6 +32,7 @@ from monitor.keeper_client import KeeperClient
 from monitor.key_watch import key_dir_fingerprint, watch_key_dir
 from monitor.listener import Listener
 from monitor.metrics import CallStats
+from monitor.plane.thread_cache import ThreadCache, cached_threads_per_target
 from monitor.policy import RegistrationRefused
 from monitor.proc_status import Credentials
 from monitor.prom import Metrics
@@ -43,9 +44,8 @@ from monitor.registration import (
 )
 from monitor.signing import KeyDirError, KeyRing
 from monitor.stuck_calls import restart_stuck_calls_of
-from monitor.thread_cache import ThreadCache, cached_threads_per_target
 from monitor.worker_supervisor import WorkerProcess, WorkerStartError
-from protocol import native, oci
+from protocol import intake_wire, oci
 from protocol import worker as worker_wire
 
 WORKER_START_TIMEOUT = 30.0  # seconds for every worker to load its keys and lock down
@@ -195,9 +195,9 @@ class Service:
     def count_registration(self, outcome: str) -> None:
         self.stats.registrations[outcome] += 1
 
-    def register_native(self, hello: native.Hello, fds: list[int], peer: PeerCred,
+    def register_native(self, hello: intake_wire.Hello, fds: list[int], peer: PeerCred,
                         nursery: trio.Nursery,
-                        peer_pidfd: int | None = None) -> native.Accept | native.Refuse:
+                        peer_pidfd: int | None = None) -> intake_wire.Accept | intake_wire.Refuse:
         """A HELLO and the fds that came with it (all of them ours to keep or close);
         peer_pidfd: the client's (SO_PEERPIDFD), borrowed."""
         try:
@@ -206,12 +206,12 @@ class Service:
                                     expected_share_id=hello.share_id, peer_pidfd=peer_pidfd)
         except RegistrationRefused as exc:
             self._refused(peer, exc.reason)
-            return native.Refuse(exc.errno, exc.reason)
-        return native.Accept(target.target_id, target.share.share_id,
-                             f"registered: share {target.share.host_path}")
+            return intake_wire.Refuse(exc.errno, exc.reason)
+        return intake_wire.Accept(target.target_id, target.share.share_id,
+                                  f"registered: share {target.share.host_path}")
 
-    def pong(self) -> native.Pong:
-        return native.Pong(json.dumps({
+    def pong(self) -> intake_wire.Pong:
+        return intake_wire.Pong(json.dumps({
             "ok": self.key_error is None, "key_error": self.key_error,
             "keys": len(self.keys.key_ids), "targets": len(self.targets),
             "uptime": round(time.time() - self.started, 3)}))
@@ -382,12 +382,12 @@ class Service:
         return {"targets": [t.describe() for t in self.targets.values()],
                 **self._status_summary()}
 
-    def status_page(self, after: int) -> native.StatusReply:
+    def status_page(self, after: int) -> intake_wire.StatusReply:
         """One frame of the status: the summary and the targets past `after` that fit."""
         targets = sorted((t for t in self.targets.values() if t.target_id > after),
                          key=lambda t: t.target_id)
-        return native.status_page(self._status_summary(), [t.describe() for t in targets],
-                                  after, total=len(self.targets))
+        return intake_wire.status_page(self._status_summary(), [t.describe() for t in targets],
+                                       after, total=len(self.targets))
 
     def flush_counters(self) -> None:
         """Bring CallStats up to date with every call answered so far (the native plane

@@ -42,9 +42,9 @@ from monitor.dataplane import DataPlane, DataPlaneUnavailable, make_data_plane
 from monitor.hardening import lock_down
 from monitor.listener import Listener, SharedReceiveLock
 from monitor.metrics import CallStats
+from monitor.plane.thread_cache import ThreadCache
 from monitor.policy import Share
 from monitor.signing import KeyDirError, KeyRing
-from monitor.thread_cache import ThreadCache
 from protocol import worker as wire
 
 REPORT_INTERVAL = 0.5  # seconds between reports to fhmon serve

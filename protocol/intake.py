@@ -28,7 +28,7 @@ import errno
 from dataclasses import dataclass
 from typing import Final
 
-from protocol import native
+from protocol import intake_wire
 
 
 class Phase(enum.Enum):
@@ -61,13 +61,13 @@ _ALREADY: Final = Step(Action.REFUSE, errno=errno.EALREADY,
                        reason="this connection already registered")
 
 # (phase, message type) -> step; a message type absent for its phase gets UNEXPECTED's step.
-TRANSITIONS: Final[dict[tuple[Phase, type[native.Message]], Step]] = {
-    (Phase.AWAITING_HELLO, native.Ping): Step(Action.PONG),
-    (Phase.AWAITING_HELLO, native.StatusRequest): Step(Action.STATUS),
-    (Phase.AWAITING_HELLO, native.Hello): Step(Action.REGISTER, takes_fds=True),
-    (Phase.REGISTERED, native.Ping): Step(Action.PONG),
-    (Phase.REGISTERED, native.StatusRequest): Step(Action.STATUS),
-    (Phase.REGISTERED, native.Hello): _ALREADY,
+TRANSITIONS: Final[dict[tuple[Phase, type[intake_wire.Message]], Step]] = {
+    (Phase.AWAITING_HELLO, intake_wire.Ping): Step(Action.PONG),
+    (Phase.AWAITING_HELLO, intake_wire.StatusRequest): Step(Action.STATUS),
+    (Phase.AWAITING_HELLO, intake_wire.Hello): Step(Action.REGISTER, takes_fds=True),
+    (Phase.REGISTERED, intake_wire.Ping): Step(Action.PONG),
+    (Phase.REGISTERED, intake_wire.StatusRequest): Step(Action.STATUS),
+    (Phase.REGISTERED, intake_wire.Hello): _ALREADY,
 }
 _EPROTO: Final = errno.EPROTO
 UNEXPECTED: Final[dict[Phase, Step]] = {
@@ -88,7 +88,7 @@ class IntakeConversation:
         """True while the registration timeout applies to this connection."""
         return self.phase is Phase.AWAITING_HELLO
 
-    def receive(self, message: native.Message) -> Step:
+    def receive(self, message: intake_wire.Message) -> Step:
         if self._registering:
             raise RuntimeError("registration_settled() must follow a REGISTER step")
         if self.phase is Phase.CLOSED:

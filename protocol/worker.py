@@ -38,7 +38,7 @@ class Start:
     # plane fhmon serve would have used itself
     data_plane: str = "native"
     data_plane_threads: int | str = "auto"
-    # each target's bound on cached thread pidfds (monitor/thread_cache.py)
+    # each target's bound on cached thread pidfds (monitor/plane/thread_cache.py)
     pidfds_per_target: int = 1024
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 def _exchange(sock: socket.socket, decoder: Any, request: Any) -> Any:
     """Send one request and read frames until its answer is whole (a reply is one frame)."""
-    from protocol import native
+    from protocol import intake_wire
 
-    sock.sendall(native.encode(request))
+    sock.sendall(intake_wire.encode(request))
     while (message := decoder.next_message()) is None:
         data = sock.recv(65536)
         if not data:
@@ -34,27 +34,27 @@ def _connect(socket_path: str, timeout: float) -> socket.socket:
 
 
 def ask(socket_path: str, request: Any, timeout: float) -> Any:
-    from protocol import native
+    from protocol import intake_wire
 
     with _connect(socket_path, timeout) as sock:
-        return _exchange(sock, native.FrameDecoder(), request)
+        return _exchange(sock, intake_wire.FrameDecoder(), request)
 
 
 def ask_json(command: str, args: argparse.Namespace, request: Any) -> Any:
     """Send one request, return the decoded JSON answer; None (reported) on failure."""
-    from protocol import native
+    from protocol import intake_wire
 
     try:
         return json.loads(ask(args.socket, request, args.timeout).json)
-    except (OSError, native.ProtocolError, ValueError, AttributeError) as exc:
+    except (OSError, intake_wire.ProtocolError, ValueError, AttributeError) as exc:
         print(f"fhmon {command}: {args.socket}: {exc}", file=sys.stderr)
         return None
 
 
 def probe(args: argparse.Namespace) -> int:
-    from protocol import native
+    from protocol import intake_wire
 
-    health = ask_json("probe", args, native.Ping())
+    health = ask_json("probe", args, intake_wire.Ping())
     if health is None:
         return 1
     print(json.dumps(health))
@@ -63,16 +63,16 @@ def probe(args: argparse.Namespace) -> int:
 
 def ask_status(args: argparse.Namespace) -> Any:
     """The whole status, page by page over one connection (a reply is one bounded frame)."""
-    from protocol import native
+    from protocol import intake_wire
 
-    pages = native.StatusPages()
+    pages = intake_wire.StatusPages()
     try:
         with _connect(args.socket, args.timeout) as sock:
-            decoder = native.FrameDecoder()
+            decoder = intake_wire.FrameDecoder()
             while pages.request is not None:
                 pages.feed(_exchange(sock, decoder, pages.request))
         return pages.status
-    except (OSError, native.ProtocolError) as exc:
+    except (OSError, intake_wire.ProtocolError) as exc:
         print(f"fhmon status: {args.socket}: {exc}", file=sys.stderr)
         return None
 

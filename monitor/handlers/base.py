@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from monitor.listener import Listener
-from monitor.target_thread import TargetThread
+from monitor.plane.target_thread import TargetThread
 from protocol import kernel
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from monitor import log
 from monitor.handlers.base import Answered, CallContext, Middleware, Step
 from monitor.listener import NotificationGone
-from monitor.target_thread import RESOURCE_ERRNOS, SyscallError
+from monitor.plane.target_thread import RESOURCE_ERRNOS, SyscallError
 
 
 def caller_uid_middleware(syscall_name: Callable[[int], str]) -> Middleware:

@@ -15,8 +15,8 @@ import struct
 from monitor import linux
 from monitor.credentials import acting_as
 from monitor.handlers.base import CallContext, Return
+from monitor.plane.target_thread import SyscallError, TargetThread
 from monitor.policy import check_resolved
-from monitor.target_thread import SyscallError, TargetThread
 from protocol import kernel, signed_handle
 
 

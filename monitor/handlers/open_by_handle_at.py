@@ -35,8 +35,8 @@ import stat
 from monitor import linux
 from monitor.credentials import acting_as
 from monitor.handlers.base import CallContext, InjectFd
+from monitor.plane.target_thread import SyscallError
 from monitor.policy import check_opened, chmod_would_succeed
-from monitor.target_thread import SyscallError
 from protocol import kernel
 
 # Flags that only make sense for the open we do ourselves, or that the magic-link reopen
@@ -55,7 +55,7 @@ def open_by_handle_at(ctx: CallContext) -> InjectFd:
     # validates the notification itself: until then these bytes (maybe from a process that
     # reused a dead target's TID) steer only fhmon's own checks and errno answers, and an
     # answer to a notification that is gone reaches nobody. (A policy refusal is audited
-    # only after an ID_VALID: monitor/audit.py.)
+    # only after an ID_VALID: monitor/plane/audit.py.)
     raw = ctx.thread.read_prefix(handle_ptr, 8 + kernel.MAX_HANDLE_SZ)
     if len(raw) < 8:
         raise SyscallError(errno.EFAULT)

@@ -24,7 +24,7 @@ from monitor.handlers.caller_uid import caller_uid_middleware
 from monitor.handlers.name_to_handle_at import name_to_handle_at
 from monitor.handlers.open_by_handle_at import open_by_handle_at
 from monitor.listener import NotificationGone
-from monitor.target_thread import RESOURCE_ERRNOS, SyscallError
+from monitor.plane.target_thread import RESOURCE_ERRNOS, SyscallError
 from protocol import kernel
 
 log = logging.getLogger("fhmon.dispatch")

@@ -14,7 +14,7 @@ import os
 
 from monitor.handlers.base import Error, Injected, InjectFd, Return
 from monitor.listener import Listener, NotificationGone
-from monitor.target_thread import SyscallError
+from monitor.plane.target_thread import SyscallError
 
 
 def inject(listener: Listener, notif_id: int, outcome: InjectFd) -> Injected:

@@ -1,6 +1,6 @@
 //! fhmon's native intake protocol, the launcher's side of it: frames to bytes and back.
 //!
-//! protocol/native.py is the definition; this module follows it byte for byte (a test,
+//! protocol/intake_wire.py is the definition; this module follows it byte for byte (a test,
 //! tests/unit/test_intake_codec.py, encodes every message with both and compares, and decodes
 //! each one's output with the other). Every frame:
 //!
@@ -26,7 +26,7 @@ pub const KIND_PONG: u16 = 5;
 pub const KIND_STATUS: u16 = 6;
 pub const KIND_STATUS_REPLY: u16 = 7;
 
-/// One intake message, as protocol/native.py's dataclasses.
+/// One intake message, as protocol/intake_wire.py's dataclasses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     Hello {
@@ -112,7 +112,7 @@ fn first_chars(text: &str, chars: usize) -> &str {
     }
 }
 
-/// One whole frame for `message`, as protocol/native.py's `encode`.
+/// One whole frame for `message`, as protocol/intake_wire.py's `encode`.
 pub fn encode(message: &Message) -> Result<Vec<u8>, ProtocolError> {
     let mut payload = Vec::new();
     let (kind, version) = match message {
@@ -307,7 +307,7 @@ pub fn decode_payload(version: u16, kind: u16, payload: &[u8]) -> Result<Message
 }
 
 /// Accumulates bytes and returns whole messages, refusing bad frames as early as possible
-/// (protocol/native.py's FrameDecoder).
+/// (protocol/intake_wire.py's FrameDecoder).
 #[derive(Debug, Default)]
 pub struct FrameDecoder {
     buffer: Vec<u8>,
@@ -374,7 +374,7 @@ impl FrameDecoder {
     }
 }
 
-/// Exactly one whole frame (protocol/native.py's decode_one).
+/// Exactly one whole frame (protocol/intake_wire.py's decode_one).
 pub fn decode_one(data: &[u8]) -> Result<Message, ProtocolError> {
     let mut decoder = FrameDecoder::new();
     decoder.feed(data)?;

@@ -44,7 +44,7 @@ pub const BUCKETS: usize = 16;
 const MAX_EVENTS: usize = 4096;
 /// The most pidfds a target's thread cache holds (Config::pidfds_per_target is at most this).
 pub const PIDFD_CACHE: usize = 1024;
-/// errnos whose refusal with a reason is audited (monitor/audit.py _POLICY_ERRNOS)
+/// errnos whose refusal with a reason is audited (monitor/plane/audit.py _POLICY_ERRNOS)
 const POLICY_ERRNOS: [i32; 5] = [
     libc::EACCES,
     libc::ESTALE,
@@ -68,7 +68,8 @@ pub struct Config {
     /// latency bucket upper bounds, seconds (monitor/metrics.py LATENCY_BUCKETS)
     pub buckets: [f64; BUCKETS],
     /// each target's thread cache holds at most this many pidfds (its fair share of
-    /// RLIMIT_NOFILE: monitor/thread_cache.py cached_threads_per_target); 1..=PIDFD_CACHE
+    /// RLIMIT_NOFILE: monitor/plane/thread_cache.py cached_threads_per_target);
+    /// 1..=PIDFD_CACHE
     pub pidfds_per_target: usize,
 }
 
@@ -90,7 +91,7 @@ impl Share {
     }
 }
 
-/// A refusal for the audit log, as monitor/audit.py audit_middleware writes it.
+/// A refusal for the audit log, as monitor/plane/audit.py audit_middleware writes it.
 #[derive(Clone, Debug)]
 pub struct Refused {
     pub syscall: usize,
@@ -203,7 +204,7 @@ impl Spare {
 
 /// A thread of the target seen before: its pidfd (which names that thread for as long as
 /// it lives: a live pidfd's TID is the notifying thread's) and its real uid once its
-/// credentials are known to be frozen (monitor/thread_cache.py ThreadCache).
+/// credentials are known to be frozen (monitor/plane/thread_cache.py ThreadCache).
 struct ThreadEntry {
     pidfd: OwnedFd,
     frozen: Option<Arc<Status>>,
@@ -765,7 +766,7 @@ fn getfd_error(target: &Target, n: &Notification, e: Errno) -> Outcome {
 }
 
 /// Out of fds or memory in fhmon (EMFILE, ENFILE, ENOMEM): the kernel's own answer in that
-/// state, as the reference's RESOURCE_ERRNOS (monitor/target_thread.py).
+/// state, as the reference's RESOURCE_ERRNOS (monitor/plane/target_thread.py).
 fn is_resource_errno(e: Errno) -> bool {
     matches!(e, libc::EMFILE | libc::ENFILE | libc::ENOMEM)
 }

@@ -34,7 +34,8 @@ fn refused(errno: i32, reason: &'static str) -> Refusal {
 }
 
 /// An OSError the reference does not catch: monitor/handlers/registry.py answers the
-/// resource errnos as they are (monitor/target_thread.py RESOURCE_ERRNOS), anything else EIO.
+/// resource errnos as they are (monitor/plane/target_thread.py RESOURCE_ERRNOS), anything
+/// else EIO.
 pub fn failed(errno: Errno) -> Refusal {
     let errno = match errno {
         libc::EMFILE | libc::ENFILE | libc::ENOMEM => errno,

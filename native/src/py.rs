@@ -333,9 +333,9 @@ fn field<'py, T: FromPyObjectOwned<'py>>(fields: &Bound<'py, PyDict>, name: &str
     }
 }
 
-/// The intake message `kind` (protocol/native.py's class name) with `fields` (its
+/// The intake message `kind` (protocol/intake_wire.py's class name) with `fields` (its
 /// dataclass fields), encoded by the launcher's codec (crate::intake): for the test that
-/// holds it to protocol/native.py byte for byte.
+/// holds it to protocol/intake_wire.py byte for byte.
 #[pyfunction]
 fn intake_encode<'py>(
     py: Python<'py>,

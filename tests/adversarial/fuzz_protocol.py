@@ -20,17 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import atheris
 
 with atheris.instrument_imports():
-    from protocol import keeper, kernel, native, oci, signed_handle
+    from protocol import intake_wire, keeper, kernel, oci, signed_handle
 
 
 def _native(data: bytes) -> None:
-    decoder = native.FrameDecoder()
+    decoder = intake_wire.FrameDecoder()
     try:
         for start in range(0, len(data), 7):  # also exercise the incremental paths
             decoder.feed(data[start:start + 7])
             while (message := decoder.next_message()) is not None:
-                native.encode(message)
-    except native.ProtocolError:
+                intake_wire.encode(message)
+    except intake_wire.ProtocolError:
         pass
 
 

@@ -20,7 +20,7 @@ import socket
 import sys
 
 from monitor import seccomp_filter
-from protocol import native
+from protocol import intake_wire
 
 
 def filtered_child() -> tuple[int, int]:
@@ -43,11 +43,12 @@ def filtered_child() -> tuple[int, int]:
     return pid, array.array("i", ancdata[0][2][:4])[0]
 
 
-def hello_answer(sock: socket.socket, hello: native.Hello, fds: list[int]) -> dict[str, object]:
+def hello_answer(sock: socket.socket, hello: intake_wire.Hello,
+                 fds: list[int]) -> dict[str, object]:
     """Send HELLO with fds on a connected socket; what fhmon answered, as one JSON object."""
-    sock.sendmsg([native.encode(hello)],
+    sock.sendmsg([intake_wire.encode(hello)],
                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-    decoder = native.FrameDecoder()
+    decoder = intake_wire.FrameDecoder()
     message = None
     while message is None:
         chunk = sock.recv(65536)
@@ -55,9 +56,9 @@ def hello_answer(sock: socket.socket, hello: native.Hello, fds: list[int]) -> di
             break
         decoder.feed(chunk)
         message = decoder.next_message()
-    if isinstance(message, native.Refuse):
+    if isinstance(message, intake_wire.Refuse):
         return {"kind": "refuse", "errno": message.errno, "reason": message.reason}
-    if isinstance(message, native.Accept):
+    if isinstance(message, intake_wire.Accept):
         return {"kind": "accept", "message": message.message}
     return {"kind": "closed"}
 
@@ -84,8 +85,8 @@ def main(argv: list[str]) -> int:
             except OSError as exc:
                 result = {"kind": "connect_error", "errno": exc.errno}
             else:
-                flags = native.HELLO_TARGET_PIDFD if by_pidfd else 0
-                result = hello_answer(sock, native.Hello(target, share, "hostile", flags), fds)
+                flags = intake_wire.HELLO_TARGET_PIDFD if by_pidfd else 0
+                result = hello_answer(sock, intake_wire.Hello(target, share, "hostile", flags), fds)
     finally:
         if child_pid:
             with contextlib.suppress(ProcessLookupError):

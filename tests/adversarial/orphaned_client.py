@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 
-from protocol import native
+from protocol import intake_wire
 from tests.adversarial.hostile_client import filtered_child, hello_answer
 
 
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     _, listener = filtered_child()
     target = int(sys.stdin.readline())
     sock.settimeout(10)
-    result = hello_answer(sock, native.Hello(target, share, "orphaned"), [listener])
+    result = hello_answer(sock, intake_wire.Hello(target, share, "orphaned"), [listener])
     print(json.dumps(result), flush=True)
     return 0
 

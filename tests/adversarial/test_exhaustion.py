@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from protocol import native
+from protocol import intake_wire
 from tests.adversarial.common import EXHAUSTION, errname, signed, wait_for, warm
 from tests.adversarial.recording import Recorder
 from tests.support import Agent, Service, World
@@ -194,7 +194,7 @@ def test_one_connection_cannot_pile_up_fds(fhmon: Service, record: Recorder) -> 
         fd = os.open("/dev/null", os.O_RDONLY)
         try:
             for _ in range(40):
-                sock.sendmsg([native.encode(native.Ping())],
+                sock.sendmsg([intake_wire.encode(intake_wire.Ping())],
                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd] * 16))])
                 sock.recv(65536)
         finally:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from protocol import native
+from protocol import intake_wire
 from tests.adversarial.common import FORGERY, TRAILER, errname, obh_errno, signed, wait_for
 from tests.adversarial.guard import Baseline
 from tests.adversarial.recording import Recorder
@@ -287,7 +287,7 @@ def test_key_material_never_leaves_fhmon(fhmon: Service, record: Recorder) -> No
     keys = [p.read_text().strip() for p in fhmon.key_dir.glob("*.key")]
     assert keys
     status = json.dumps(fhmon.status())
-    pong = send_raw(fhmon.socket, native.encode(native.Ping()))
+    pong = send_raw(fhmon.socket, intake_wire.encode(intake_wire.Ping()))
     seen = [k for k in keys for text in (status, pong.decode(errors="replace"),
                                          fhmon.log_text())
             if k.lower() in text.lower() or k[:16].lower() in text.lower()]

@@ -22,7 +22,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import keeper, kernel, native, oci, signed_handle
+from protocol import intake_wire, keeper, kernel, oci, signed_handle
 from tests.adversarial.common import FUZZING, O_PATH, errname, signed, warm
 from tests.adversarial.recording import Recorder
 from tests.support import Agent, Service, World
@@ -44,14 +44,14 @@ def run_property(record: Recorder, what: str, expected: str,
     record(FUZZING, f"{what} ({counter[0]} inputs)", expected, expected)
 
 
-# --- protocol/native.py ------------------------------------------------------------------------
+# --- protocol/intake_wire.py ----------------------------------------------------------------------
 
 def native_frames() -> st.SearchStrategy[bytes]:
     payload = st.binary(max_size=300)
-    header = st.builds(lambda v, k, n: native.MAGIC + struct.pack(">HHI", v, k, n),
+    header = st.builds(lambda v, k, n: intake_wire.MAGIC + struct.pack(">HHI", v, k, n),
                        st.sampled_from([1, 1, 1, 0, 2, 0xFFFF]), st.integers(0, 10),
                        st.integers(0, 400))
-    framed = st.builds(lambda k, p: native.MAGIC + struct.pack(">HHI", 1, k, len(p)) + p,
+    framed = st.builds(lambda k, p: intake_wire.MAGIC + struct.pack(">HHI", 1, k, len(p)) + p,
                        st.integers(0, 10), payload)
     return st.one_of(st.binary(max_size=400), framed, st.builds(bytes.__add__, header, payload))
 
@@ -63,16 +63,16 @@ def test_native_decoder(record: Recorder) -> None:
     @given(data=native_frames(), cuts=st.lists(st.integers(0, 420), max_size=4))
     def prop(data: bytes, cuts: list[int]) -> None:
         seen[0] += 1
-        decoder = native.FrameDecoder()
+        decoder = intake_wire.FrameDecoder()
         bounds = sorted({0, len(data), *[c for c in cuts if c < len(data)]})
         try:
             for start, end in itertools.pairwise(bounds):
                 decoder.feed(data[start:end])
                 while (message := decoder.next_message()) is not None:
-                    again = native.decode_one(native.encode(message))
-                    if not (isinstance(message, native.Refuse) and len(message.reason) > 4000):
+                    again = intake_wire.decode_one(intake_wire.encode(message))
+                    if not (isinstance(message, intake_wire.Refuse) and len(message.reason) > 4000):
                         assert again == message
-        except native.ProtocolError:
+        except intake_wire.ProtocolError:
             pass
 
     run_property(record, "native frames: random bytes, random and well-formed headers with "
@@ -249,11 +249,12 @@ def test_random_frames_at_the_socket(fhmon: Service, record: Recorder) -> None:
         reply = send_raw(fhmon.socket, data, close_write=True, timeout=5)
         if reply:
             try:
-                message = native.decode_one(reply)
-            except native.ProtocolError as exc:
+                message = intake_wire.decode_one(reply)
+            except intake_wire.ProtocolError as exc:
                 odd.append(f"undecodable reply {reply[:20]!r}: {exc}")
                 return
-            if not isinstance(message, native.Refuse | native.Pong | native.StatusReply):
+            if not isinstance(message,
+                              intake_wire.Refuse | intake_wire.Pong | intake_wire.StatusReply):
                 odd.append(f"unexpected {type(message).__name__}")
         assert fhmon.proc is not None and fhmon.proc.poll() is None
 

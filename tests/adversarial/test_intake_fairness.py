@@ -207,13 +207,14 @@ print(json.dumps({"pong_bytes": got}), flush=True)
 def test_a_pipelining_client_is_answered_and_so_is_everyone_else(
         world: World, record: Recorder) -> None:
     """Speed is measured in bench/intake.py (neighbour p99 ratios); here: answered."""
-    from protocol import native
+    from protocol import intake_wire
 
     with grouped_fhmon(world, "fair-pipe", "") as service:
         victim = Agent(world, "fhmon", world.main, service.socket)
         floods = [subprocess.Popen([SYSTEM_PYTHON, "-c", PIPELINER, service.socket, "4",
-                                    native.encode(native.Ping()).hex()], stdout=subprocess.PIPE,
-                                   text=True, **run_as_nobody()) for _ in range(4)]
+                                    intake_wire.encode(intake_wire.Ping()).hex()],
+                                   stdout=subprocess.PIPE, text=True, **run_as_nobody())
+                  for _ in range(4)]
         try:
             answered = sum(victim.call("n2h", path="file", answer_within=10)["errno"] == 0
                            for _ in range(200))

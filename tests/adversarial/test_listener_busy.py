@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from protocol import native
+from protocol import intake_wire
 from tests.adversarial.common import REGISTRATION, errname, wait_for
 from tests.adversarial.recording import Recorder
 from tests.support import FHMON, Agent, Service, World
@@ -86,14 +86,14 @@ def test_a_second_listener_for_a_served_process_is_refused(
            "under fhmon launch's listener", f"refused, one audit line: {BUSY_WORDS} (EBUSY)",
            f"audit: {reason[:140]}", ok=BUSY_WORDS in reason and "EBUSY" in reason)
     # over the native protocol (REFUSE with its errno)
-    decoder = native.FrameDecoder()
+    decoder = intake_wire.FrameDecoder()
     decoder.feed(send_raw(fhmon.socket, hello(str(world.main), served.pid), [child.listener]))
     answer = decoder.next_message()
     record(REGISTRATION, "HELLO: a fresh listener named for a process that already runs "
            "under fhmon launch's listener", "REFUSE EBUSY naming the other listener",
            f"REFUSE {errname(answer.errno)}: {answer.reason[:100]}"
-           if isinstance(answer, native.Refuse) else type(answer).__name__,
-           ok=isinstance(answer, native.Refuse) and answer.errno == errno.EBUSY
+           if isinstance(answer, intake_wire.Refuse) else type(answer).__name__,
+           ok=isinstance(answer, intake_wire.Refuse) and answer.errno == errno.EBUSY
            and BUSY_WORDS in answer.reason)
     assert served.call("n2h", path="file")["errno"] == 0  # the first listener still serves
 
@@ -102,7 +102,7 @@ def test_the_same_listener_for_its_own_process_is_still_accepted(
         world: World, child: FilteredChild) -> None:
     """The counterpart: the check refuses only a pid fhmon already serves."""
     with Service(world.base, [str(world.shares / "*")], name="busy-control") as service:
-        decoder = native.FrameDecoder()
+        decoder = intake_wire.FrameDecoder()
         decoder.feed(send_raw(service.socket, hello(str(world.main), child.pid), [child.listener]))
         answer = decoder.next_message()
-        assert isinstance(answer, native.Accept), answer
+        assert isinstance(answer, intake_wire.Accept), answer

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from protocol import native
+from protocol import intake_wire
 from tests.adversarial.common import REGISTRATION, errname, run_as_nobody, wait_for
 from tests.adversarial.guard import Baseline
 from tests.adversarial.recording import Recorder
@@ -40,17 +40,17 @@ def child() -> Iterator[FilteredChild]:
     c.close()
 
 
-def answer(raw: bytes) -> native.Message | None:
-    decoder = native.FrameDecoder()
+def answer(raw: bytes) -> intake_wire.Message | None:
+    decoder = intake_wire.FrameDecoder()
     try:
         decoder.feed(raw)
         return decoder.next_message()
-    except native.ProtocolError:
+    except intake_wire.ProtocolError:
         return None
 
 
-def shown(message: native.Message | None) -> str:
-    if isinstance(message, native.Refuse):
+def shown(message: intake_wire.Message | None) -> str:
+    if isinstance(message, intake_wire.Refuse):
         return f"REFUSE {errname(message.errno)}: {message.reason[:90]}"
     if message is None:
         return "closed without an answer"
@@ -59,7 +59,8 @@ def shown(message: native.Message | None) -> str:
 
 def check_refusal(record: Recorder, what: str, raw: bytes, err: int, words: str) -> None:
     message = answer(raw)
-    ok = isinstance(message, native.Refuse) and message.errno == err and words in message.reason
+    ok = (isinstance(message, intake_wire.Refuse) and message.errno == err
+          and words in message.reason)
     record(REGISTRATION, what, f"REFUSE {errname(err)} ('{words}')", shown(message), ok=ok)
 
 
@@ -108,8 +109,8 @@ def test_share_paths(child: FilteredChild, fhmon: Service, world: World,
 # --- frames ---------------------------------------------------------------------------------------
 
 def frame(kind: int, payload: bytes, version: int = 1, length: int | None = None) -> bytes:
-    return (native.MAGIC + struct.pack(">HHI", version, kind,
-                                       len(payload) if length is None else length) + payload)
+    return (intake_wire.MAGIC + struct.pack(">HHI", version, kind,
+                                            len(payload) if length is None else length) + payload)
 
 
 def hello_payload(pid: int, share: bytes, client: bytes = b"x") -> bytes:
@@ -133,7 +134,7 @@ def test_malformed_native_messages(fhmon: Service, world: World, record: Recorde
         ("HELLO with a share that is not UTF-8", frame(1, hello_payload(1, b"/\xff\xfe")),
          errno.EPROTO, "malformed"),
         ("PING with a payload", frame(4, b"x"), errno.EPROTO, "no payload"),
-        ("an ACCEPT sent by a client", native.encode(native.Accept(1, b"\0" * 32, "x")),
+        ("an ACCEPT sent by a client", intake_wire.encode(intake_wire.Accept(1, b"\0" * 32, "x")),
          errno.EPROTO, "unexpected message"),
     ]
     for what, data, err, words in cases:
@@ -218,7 +219,7 @@ def test_listener_registered_twice(child: FilteredChild, fhmon: Service, world: 
         sock.connect(fhmon.socket)
         sock.sendmsg([hello(share, child.pid)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                                   array.array("i", [child.listener]))])
-        assert isinstance(answer(sock.recv(65536)), native.Accept)
+        assert isinstance(answer(sock.recv(65536)), intake_wire.Accept)
         dup = os.dup(child.listener)
         try:
             check_refusal(record, "a listener already registered (a dup, new connection)",
@@ -229,15 +230,15 @@ def test_listener_registered_twice(child: FilteredChild, fhmon: Service, world: 
                 sock.sendmsg([hello(share, other.pid)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                                           array.array("i", [other.listener]))])
                 reply = answer(sock.recv(65536))
-                sock.sendall(native.encode(native.Ping()))
+                sock.sendall(intake_wire.encode(intake_wire.Ping()))
                 pong = answer(sock.recv(65536))
                 registered = other.pid in [t["pid"] for t in fhmon.status()["targets"]]
                 record(REGISTRATION, "a second HELLO (another listener) on an accepted "
                        "connection", "REFUSE EALREADY, its fd closed; the next PING answered",
                        "REGISTERED" if registered else
                        f"{shown(reply)}; then {shown(pong)}",
-                       ok=not registered and isinstance(reply, native.Refuse)
-                       and reply.errno == errno.EALREADY and isinstance(pong, native.Pong))
+                       ok=not registered and isinstance(reply, intake_wire.Refuse)
+                       and reply.errno == errno.EALREADY and isinstance(pong, intake_wire.Pong))
             finally:
                 other.close()
         finally:

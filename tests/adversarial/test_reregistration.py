@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from protocol import native
+from protocol import intake_wire
 from tests.adversarial.common import REGISTRATION, errname, n2h_errno, obh_errno, signed
 from tests.adversarial.recording import Recorder
 from tests.support import FHMON, Agent, Service, World, wait_until
@@ -112,34 +112,34 @@ def test_a_hello_expecting_another_share(shares: tuple[Path, Path], service: Ser
     mine = shares[0]
     child = filtered_child()
     try:
-        first = send_raw(service.socket, native.encode(native.Hello(child.pid, str(world.main),
-                                                                    "test")), [child.listener])
-        accepted = native.decode_one(first)
-        assert isinstance(accepted, native.Accept), accepted
+        hello = intake_wire.Hello(child.pid, str(world.main), "test")
+        first = send_raw(service.socket, intake_wire.encode(hello), [child.listener])
+        accepted = intake_wire.decode_one(first)
+        assert isinstance(accepted, intake_wire.Accept), accepted
     finally:
         child.close()
     for what, expected in (("the id of another share", accepted.share_id),
                            ("32 zero bytes", bytes(32))):
         child = filtered_child()
         try:
-            raw = send_raw(service.socket, native.encode(native.Hello(
+            raw = send_raw(service.socket, intake_wire.encode(intake_wire.Hello(
                 child.pid, str(mine), "test", share_id=expected)), [child.listener])
         finally:
             child.close()
-        message = native.decode_one(raw)
-        ok = isinstance(message, native.Refuse) and message.errno == errno.ESTALE
+        message = intake_wire.decode_one(raw)
+        ok = isinstance(message, intake_wire.Refuse) and message.errno == errno.ESTALE
         record(REGISTRATION, f"HELLO for share {mine.name} expecting {what}",
                "REFUSE ESTALE", f"REFUSE {errname(message.errno)}" if isinstance(
-                   message, native.Refuse) else type(message).__name__.upper(), ok=ok)
+                   message, intake_wire.Refuse) else type(message).__name__.upper(), ok=ok)
     child = filtered_child()
     try:
-        raw = send_raw(service.socket, native.encode(native.Hello(
+        raw = send_raw(service.socket, intake_wire.encode(intake_wire.Hello(
             child.pid, str(mine), "test", flags=0x80)), [child.listener])
     finally:
         child.close()
-    message = native.decode_one(raw)
+    message = intake_wire.decode_one(raw)
     record(REGISTRATION, "HELLO with an unknown flag bit", "REFUSE EINVAL",
-           f"REFUSE {errname(message.errno)}" if isinstance(message, native.Refuse)
+           f"REFUSE {errname(message.errno)}" if isinstance(message, intake_wire.Refuse)
            else type(message).__name__.upper())
 
 

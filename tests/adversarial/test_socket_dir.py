@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from protocol import native
+from protocol import intake_wire
 from tests.adversarial.common import REGISTRATION, wait_for
 from tests.adversarial.recording import Recorder
 from tests.support import FHMON, NOBODY, SYSTEM_PYTHON, Agent, Service, World
@@ -63,7 +63,7 @@ class Impostor:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        accept = native.encode(native.Accept(1, bytes(32), "registered: impostor")).hex()
+        accept = intake_wire.encode(intake_wire.Accept(1, bytes(32), "registered: impostor")).hex()
         self.proc = subprocess.Popen([SYSTEM_PYTHON, "-c", IMPOSTOR, str(path), accept],
                                      user=NOBODY,
                                      group=NOBODY, extra_groups=[], stdout=subprocess.PIPE,

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from protocol import native
+from protocol import intake_wire
 from tests.adversarial.common import REGISTRATION, errname, run_as_nobody
 from tests.adversarial.recording import Recorder
 from tests.adversarial.test_registration import hostile, told
@@ -82,10 +82,10 @@ def test_a_client_cannot_name_another_process_of_its_uid(
                            and NOT_OWNED in result["reason"] and no_number(result)))
         record(REGISTRATION, "the refusals for processes not the client's, whatever they are",
                "one text", f"{len(reasons)} text(s)", ok=len(reasons) == 1)
-        own = native.decode_one(send_raw(sock, hello(main, victim.pid), [victim.listener]))
+        own = intake_wire.decode_one(send_raw(sock, hello(main, victim.pid), [victim.listener]))
         record(REGISTRATION, "the other tenant then registers its own process (root's "
                "runtime, by pid)", "ACCEPT",
-               type(own).__name__.upper() if not isinstance(own, native.Refuse)
+               type(own).__name__.upper() if not isinstance(own, intake_wire.Refuse)
                else f"REFUSE {errname(own.errno)}: {own.reason[:80]}")
         for how in ("", "pidfd:"):
             result = hostile(unprivileged, sock, main, f"{how}child")
@@ -133,8 +133,8 @@ def test_a_root_client_in_its_own_pid_namespace_is_not_the_hosts_root(
         result = in_own_pid_namespace(fhmon.socket, main, "pidfd:child")
         record(REGISTRATION, "root in its own pid namespace names its own child by a pidfd "
                "(control)", "ACCEPT", told(result))
-        own = native.decode_one(send_raw(fhmon.socket, hello(main, victim.pid),
-                                         [victim.listener]))
+        own = intake_wire.decode_one(send_raw(fhmon.socket, hello(main, victim.pid),
+                                              [victim.listener]))
         record(REGISTRATION, "the host process is then registered by the host's root",
                "ACCEPT", type(own).__name__.upper())
     finally:

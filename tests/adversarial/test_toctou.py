@@ -167,9 +167,9 @@ def test_target_killed_mid_call(spawn: Any, world: World, fhmon: Service, record
 
 DEATH_BUG = (
     "BUG: a target killed while fhmon reads its memory makes process_vm_readv fail with "
-    "ESRCH; fhmon (monitor/linux.py process_vm_read[_one], monitor/target_thread.py read_exact / "
-    "read_path / write) raises it as an unexpected OSError: the dispatcher logs a handler "
-    "traceback and answers EIO, where docs/semantics.md says the call of a dying target is "
+    "ESRCH; fhmon (monitor/linux.py process_vm_read[_one], monitor/plane/target_thread.py "
+    "read_exact / read_path / write) raises it as an unexpected OSError: the dispatcher logs a "
+    "handler traceback and answers EIO, where docs/semantics.md says the call of a dying target is "
     "dropped. Harmless to other targets, but any target can put tracebacks and EIO counts "
     "into fhmon's log and metrics by dying mid-call")
 DEATH_TITLE = "A target dying mid-call makes fhmon log a traceback and answer EIO"

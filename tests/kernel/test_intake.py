@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from protocol import native
+from protocol import intake_wire
 from tests.support import FHMON, SYSTEM_PYTHON, Agent, Runner, Service, World
 from tests.support.handles import N2HResult
 from tests.support.listeners import FilteredChild, filtered_child, hello, send_raw
@@ -33,8 +33,8 @@ def child() -> Iterator[FilteredChild]:
     c.close()
 
 
-def answer(raw: bytes) -> native.Message:
-    decoder = native.FrameDecoder()
+def answer(raw: bytes) -> intake_wire.Message:
+    decoder = intake_wire.FrameDecoder()
     decoder.feed(raw)
     message = decoder.next_message()
     assert message is not None, raw
@@ -43,7 +43,7 @@ def answer(raw: bytes) -> native.Message:
 
 def refused(raw: bytes, err: int, words: str) -> None:
     message = answer(raw)
-    assert isinstance(message, native.Refuse), message
+    assert isinstance(message, intake_wire.Refuse), message
     assert message.errno == err, message
     assert words in message.reason, message
 
@@ -67,7 +67,7 @@ def test_native_accept_and_status(child: FilteredChild, fhmon: Service, world: W
         sock.sendmsg([hello(str(world.main), child.pid)],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [child.listener]))])
         message = answer(sock.recv(65536))
-        assert isinstance(message, native.Accept)
+        assert isinstance(message, intake_wire.Accept)
         assert f"share {world.main}" in message.message
         assert child.pid in [t["pid"] for t in fhmon.status()["targets"]]
         # The same listener again (a dup): refused, whoever sends it.
@@ -125,7 +125,7 @@ class TestRefusals:
         refused(send_raw(fhmon.socket, hello(str(world.main), 1, version=9)), errno.EPROTO,
                 "unsupported protocol version")
         refused(send_raw(fhmon.socket, b"FHMX" + b"\0" * 40), errno.EPROTO, "bad magic")
-        big = native.Header.build({"version": 1, "kind": 1, "length": 1 << 20})
+        big = intake_wire.Header.build({"version": 1, "kind": 1, "length": 1 << 20})
         refused(send_raw(fhmon.socket, big), errno.EPROTO, "exceeds")
         assert send_raw(fhmon.socket, hello(str(world.main), 1)[:10], close_write=True) == b""
 
@@ -439,7 +439,8 @@ class TestFailOpen:
                 connection, _ = server.accept()
                 _, fds, _, _ = socket.recv_fds(connection, 65536, 4)
                 kept.extend(fds)
-                connection.sendall(native.encode(native.Accept(1, b"\1" * 32, "accepted")))
+                connection.sendall(
+                    intake_wire.encode(intake_wire.Accept(1, b"\1" * 32, "accepted")))
                 kept.append(connection.detach())
 
             thread = threading.Thread(target=accept_and_ignore, daemon=True)

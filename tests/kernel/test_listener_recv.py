@@ -1,7 +1,7 @@
 """RECV without a poll first: the kernel behaviour the dispatch thread rests on.
 
 The dispatch thread RECVs straight after epoll reports a call on a listener it alone
-receives from (monitor/answer_loop.py). RECV ignores O_NONBLOCK, so this is safe only
+receives from (monitor/plane/answer_loop.py). RECV ignores O_NONBLOCK, so this is safe only
 if a call withdrawn between the two (its caller was signalled, or died) leaves RECV
 answering ENOENT at once instead of sleeping until the next call. These tests hold the
 kernel to that, then make the withdrawal happen while the dispatch thread holds the event:
@@ -22,8 +22,8 @@ from collections.abc import Iterator
 import pytest
 
 from monitor import seccomp_filter
-from monitor.answer_loop import PythonAnswerLoop
 from monitor.listener import Listener, SharedReceiveLock
+from monitor.plane.answer_loop import PythonAnswerLoop
 from protocol import kernel
 from tests.support import NOBODY, SYSTEM_PYTHON, readable, thread_syscalls, wait_until
 

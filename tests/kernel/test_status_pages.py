@@ -1,7 +1,7 @@
 """`fhmon status` with many targets.
 
 The status reply was one frame and outgrew the 16 KiB limit at ~70 targets: fhmon dropped
-the connection and `fhmon status` failed. Now STATUS is answered in pages (protocol/native.py
+the connection and `fhmon status` failed. Now STATUS is answered in pages (protocol/intake_wire.py
 status_page / StatusPages). Here 200 real targets (forked children under the real handle
 filter, registered over the real socket) are listed.
 """
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from protocol import native
+from protocol import intake_wire
 from tests.support import FHMON, Service, World
 from tests.support.listeners import FilteredChild, registered_children
 
@@ -50,20 +50,20 @@ def test_status_lists_two_hundred_targets(many: tuple[Service, list[FilteredChil
 def test_every_status_page_fits_in_a_frame(many: tuple[Service, list[FilteredChild]]) -> None:
     """Ask page by page by hand: each reply a whole frame within MAX_PAYLOAD."""
     service, _ = many
-    pages = native.StatusPages()
+    pages = intake_wire.StatusPages()
     sizes = []
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
         sock.connect(service.socket)
-        decoder = native.FrameDecoder()
+        decoder = intake_wire.FrameDecoder()
         while pages.request is not None:
-            sock.sendall(native.encode(pages.request))
+            sock.sendall(intake_wire.encode(pages.request))
             while (message := decoder.next_message()) is None:
                 data = sock.recv(65536)
                 assert data, "fhmon closed the connection"
                 decoder.feed(data)
-            assert isinstance(message, native.StatusReply)
+            assert isinstance(message, intake_wire.StatusReply)
             sizes.append(len(message.json.encode()))
             pages.feed(message)
     assert len(pages.status["targets"]) == TARGETS
-    assert len(sizes) >= 2 and max(sizes) <= native.MAX_PAYLOAD
+    assert len(sizes) >= 2 and max(sizes) <= intake_wire.MAX_PAYLOAD

@@ -94,7 +94,7 @@ def test_a_full_cache_takes_no_new_entry_and_never_sweeps_on_put(
     import threading
 
     from monitor import linux
-    from monitor.thread_cache import ThreadCache
+    from monitor.plane.thread_cache import ThreadCache
     from protocol import kernel
 
     first_end, rest_end = threading.Event(), threading.Event()
@@ -188,7 +188,7 @@ def test_a_many_threaded_target_holds_only_its_share_of_the_fd_limit(
     import resource
     import time
 
-    from monitor.thread_cache import FDS_PER_TARGET_BESIDES_CACHE, cached_threads_per_target
+    from monitor.plane.thread_cache import FDS_PER_TARGET_BESIDES_CACHE, cached_threads_per_target
     from tests.support import Service
 
     share = 32

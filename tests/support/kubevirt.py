@@ -81,7 +81,7 @@ def steal_from_launcher(bundle: Path, uid: int = 65534) -> list[str]:
     the child's pidfd_getfd() of its launcher's fd 3, as ["pidfd_getfd", result, errno]."""
     import socket as so
 
-    from protocol import native
+    from protocol import intake_wire
 
     base = Path(tempfile.mkdtemp(prefix="fhmon-bundle-", dir="/tmp"))
     base.chmod(0o755)
@@ -99,18 +99,19 @@ def steal_from_launcher(bundle: Path, uid: int = 65534) -> list[str]:
         try:
             conn, _ = server.accept()
             conn.settimeout(30)
-            decoder = native.FrameDecoder()
+            decoder = intake_wire.FrameDecoder()
             fds: list[int] = []
             while (hello := decoder.next_message()) is None:
                 data, got, _, _ = so.recv_fds(conn, 65536, 4)
                 fds += got
                 assert data, "the launcher hung up"
                 decoder.feed(data)
-            assert isinstance(hello, native.Hello) and hello.flags & native.HELLO_TARGET_PIDFD
+            assert isinstance(hello, intake_wire.Hello)
+            assert hello.flags & intake_wire.HELLO_TARGET_PIDFD
             assert len(fds) == 2  # the listener, the child's pidfd
             for fd in fds:
                 os.close(fd)
-            conn.sendall(native.encode(native.Accept(1, bytes(32), "ok")))
+            conn.sendall(intake_wire.encode(intake_wire.Accept(1, bytes(32), "ok")))
             out, err = proc.communicate(timeout=60)
             conn.close()
         finally:

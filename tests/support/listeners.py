@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from monitor import seccomp_filter
-from protocol import native
+from protocol import intake_wire
 
 
 @dataclass
@@ -51,7 +51,7 @@ def send_raw(sock_path: str, data: bytes, fds: list[int] | None = None,
             sock.shutdown(socket.SHUT_WR)
         out = b""
         deadline = time.monotonic() + timeout
-        decoder = native.FrameDecoder()
+        decoder = intake_wire.FrameDecoder()
         while time.monotonic() < deadline:
             try:
                 chunk = sock.recv(65536)
@@ -64,13 +64,13 @@ def send_raw(sock_path: str, data: bytes, fds: list[int] | None = None,
                 decoder.feed(chunk)
                 if decoder.next_message() is not None:
                     break
-            except native.ProtocolError:
+            except intake_wire.ProtocolError:
                 break
         return out
 
 
-def hello(share: str, pid: int, version: int = native.PROTOCOL_VERSION) -> bytes:
-    return native.encode(native.Hello(pid, share, "test", version=version))
+def hello(share: str, pid: int, version: int = intake_wire.PROTOCOL_VERSION) -> bytes:
+    return intake_wire.encode(intake_wire.Hello(pid, share, "test", version=version))
 
 
 @contextlib.contextmanager
@@ -82,9 +82,9 @@ def registered_children(sock_path: str, share: str, count: int) -> Iterator[list
         for _ in range(count):
             child = filtered_child()
             children.append(child)
-            answer = native.decode_one(send_raw(sock_path, hello(share, child.pid),
-                                                [child.listener]))
-            assert isinstance(answer, native.Accept), answer
+            answer = intake_wire.decode_one(send_raw(sock_path, hello(share, child.pid),
+                                                     [child.listener]))
+            assert isinstance(answer, intake_wire.Accept), answer
         yield children
     finally:
         for child in children:

@@ -7,28 +7,28 @@ import typing
 
 import pytest
 
-from protocol import native
+from protocol import intake_wire
 from protocol.intake import TRANSITIONS, Action, IntakeConversation, Phase, Step
 
-EXAMPLES: dict[type[native.Message], native.Message] = {
-    native.Hello: native.Hello(target_pid=42, share="/srv/share"),
-    native.Accept: native.Accept(1, b"\0" * 32, "ok"),
-    native.Refuse: native.Refuse(errno.EPERM, "no"),
-    native.Ping: native.Ping(),
-    native.Pong: native.Pong("{}"),
-    native.StatusRequest: native.StatusRequest(),
-    native.StatusReply: native.StatusReply("{}"),
+EXAMPLES: dict[type[intake_wire.Message], intake_wire.Message] = {
+    intake_wire.Hello: intake_wire.Hello(target_pid=42, share="/srv/share"),
+    intake_wire.Accept: intake_wire.Accept(1, b"\0" * 32, "ok"),
+    intake_wire.Refuse: intake_wire.Refuse(errno.EPERM, "no"),
+    intake_wire.Ping: intake_wire.Ping(),
+    intake_wire.Pong: intake_wire.Pong("{}"),
+    intake_wire.StatusRequest: intake_wire.StatusRequest(),
+    intake_wire.StatusReply: intake_wire.StatusReply("{}"),
 }
 
 
 def test_examples_cover_every_message_type() -> None:
-    assert set(EXAMPLES) == set(typing.get_args(native.Message))
+    assert set(EXAMPLES) == set(typing.get_args(intake_wire.Message))
 
 
 def in_phase(phase: Phase) -> IntakeConversation:
     conversation = IntakeConversation()
     if phase is not Phase.AWAITING_HELLO:
-        assert conversation.receive(EXAMPLES[native.Hello]).action is Action.REGISTER
+        assert conversation.receive(EXAMPLES[intake_wire.Hello]).action is Action.REGISTER
         conversation.registration_settled(accepted=phase is Phase.REGISTERED)
     assert conversation.phase is phase
     return conversation
@@ -37,7 +37,7 @@ def in_phase(phase: Phase) -> IntakeConversation:
 @pytest.mark.parametrize("phase", [Phase.AWAITING_HELLO, Phase.REGISTERED])
 @pytest.mark.parametrize("kind", list(EXAMPLES))
 def test_every_message_in_every_open_phase_has_one_answer(phase: Phase,
-                                                          kind: type[native.Message]) -> None:
+                                                          kind: type[intake_wire.Message]) -> None:
     conversation = in_phase(phase)
     step = conversation.receive(EXAMPLES[kind])
     expected = TRANSITIONS.get((phase, kind))
@@ -48,7 +48,7 @@ def test_every_message_in_every_open_phase_has_one_answer(phase: Phase,
         assert kind.__name__ in step.reason
     else:  # a registered launcher's connection is never dropped for a stray frame
         assert step == Step(Action.IGNORE)
-    assert step.takes_fds == (kind is native.Hello and phase is Phase.AWAITING_HELLO)
+    assert step.takes_fds == (kind is intake_wire.Hello and phase is Phase.AWAITING_HELLO)
     if step.action is Action.REGISTER:  # only a registration (or a bad frame) moves it
         conversation.registration_settled(accepted=True)
         assert conversation.phase is Phase.REGISTERED
@@ -59,18 +59,18 @@ def test_every_message_in_every_open_phase_has_one_answer(phase: Phase,
 def test_pings_and_status_are_answered_before_and_after_registration() -> None:
     for phase in (Phase.AWAITING_HELLO, Phase.REGISTERED):
         conversation = in_phase(phase)
-        assert conversation.receive(native.Ping()).action is Action.PONG
-        assert conversation.receive(native.StatusRequest()).action is Action.STATUS
+        assert conversation.receive(intake_wire.Ping()).action is Action.PONG
+        assert conversation.receive(intake_wire.StatusRequest()).action is Action.STATUS
 
 
 def test_an_accepted_hello_registers_and_ends_the_timeout() -> None:
     conversation = IntakeConversation()
     assert conversation.timed
-    step = conversation.receive(EXAMPLES[native.Hello])
+    step = conversation.receive(EXAMPLES[intake_wire.Hello])
     assert step.action is Action.REGISTER and step.takes_fds
     conversation.registration_settled(accepted=True)
     assert conversation.phase is Phase.REGISTERED and not conversation.timed
-    again = conversation.receive(EXAMPLES[native.Hello])
+    again = conversation.receive(EXAMPLES[intake_wire.Hello])
     assert (again.action, again.errno, again.takes_fds) == (Action.REFUSE, errno.EALREADY,
                                                             False)
     assert conversation.phase is Phase.REGISTERED
@@ -79,14 +79,14 @@ def test_an_accepted_hello_registers_and_ends_the_timeout() -> None:
 def test_a_refused_hello_closes_the_conversation() -> None:
     conversation = in_phase(Phase.CLOSED)
     with pytest.raises(RuntimeError, match="closed"):
-        conversation.receive(native.Ping())
+        conversation.receive(intake_wire.Ping())
 
 
 def test_a_registration_must_be_settled_before_the_next_message() -> None:
     conversation = IntakeConversation()
-    conversation.receive(EXAMPLES[native.Hello])
+    conversation.receive(EXAMPLES[intake_wire.Hello])
     with pytest.raises(RuntimeError, match="registration_settled"):
-        conversation.receive(native.Ping())
+        conversation.receive(intake_wire.Ping())
     with pytest.raises(RuntimeError, match="no registration"):
         IntakeConversation().registration_settled(accepted=True)
 

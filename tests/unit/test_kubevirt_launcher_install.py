@@ -104,18 +104,18 @@ def _accept_hello(server: Any) -> Any:
     """One registration on the fake fhmon: the Hello (its fd closed), answered Accept."""
     import socket as so
 
-    from protocol import native
+    from protocol import intake_wire
 
     conn, _ = server.accept()
     conn.settimeout(30)
-    decoder = native.FrameDecoder()
+    decoder = intake_wire.FrameDecoder()
     while (hello := decoder.next_message()) is None:
         data, fds, _, _ = so.recv_fds(conn, 65536, 4)
         for fd in fds:
             os.close(fd)
         assert data, "the launcher hung up"
         decoder.feed(data)
-    conn.sendall(native.encode(native.Accept(1, bytes(32), "ok")))
+    conn.sendall(intake_wire.encode(intake_wire.Accept(1, bytes(32), "ok")))
     return conn, hello
 
 
@@ -128,7 +128,7 @@ def test_registers_again_through_the_read_only_socket_directory(bundle: Path) ->
     import signal
     import socket as so
 
-    from protocol import native
+    from protocol import intake_wire
 
     base = Path(tempfile.mkdtemp(prefix="fhmon-upgrade-", dir="/tmp"))
     base.chmod(0o755)
@@ -190,7 +190,7 @@ def test_registers_again_through_the_read_only_socket_directory(bundle: Path) ->
         server.close()
         rt.close()   # the container (runc run was killed, not it), its mounts
         shutil.rmtree(base, ignore_errors=True)
-    assert isinstance(first, native.Hello) and isinstance(second, native.Hello), err
+    assert isinstance(first, intake_wire.Hello) and isinstance(second, intake_wire.Hello), err
     assert (second.target_pid, second.share) == (first.target_pid, "/data"), err
     assert "registering again" in err, err
 

@@ -71,7 +71,7 @@ def test_the_middleware_counts_answers_errnos_and_calls_whose_caller_went_away()
 
     from monitor.listener import NotificationGone
     from monitor.metrics import metrics_middleware
-    from monitor.target_thread import SyscallError
+    from monitor.plane.target_thread import SyscallError
 
     stats = CallStats()
     wrap = metrics_middleware(stats)

@@ -12,7 +12,7 @@ import pytest
 
 from monitor.policy import RegistrationRefused
 from monitor.registration import TargetClaim, hello_listener, nspids
-from protocol import native
+from protocol import intake_wire
 
 FDINFO = b"pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\nPid:\t%s\nNSpid:\t%s\n"
 
@@ -61,23 +61,23 @@ def closed(fd: int) -> bool:
 
 
 def test_a_hello_carries_one_fd_or_with_target_pidfd_two(fds: list[int]) -> None:
-    listener, claim = hello_listener(native.Hello(7, "/s"), fds[:1])
+    listener, claim = hello_listener(intake_wire.Hello(7, "/s"), fds[:1])
     assert (listener, claim) == (fds[0], TargetClaim(7, None))
-    listener, claim = hello_listener(native.Hello(7, "/s", flags=native.HELLO_TARGET_PIDFD),
-                                     fds[:2])
+    with_pidfd = intake_wire.Hello(7, "/s", flags=intake_wire.HELLO_TARGET_PIDFD)
+    listener, claim = hello_listener(with_pidfd, fds[:2])
     assert (listener, claim) == (fds[0], TargetClaim(7, fds[1]))
     assert not closed(fds[0]) and not closed(fds[1])
 
 
 @pytest.mark.parametrize(("flags", "count", "words"), [
     (0, 2, "exactly one fd (the listener), got 2"),
-    (native.HELLO_TARGET_PIDFD, 1, "exactly two fds with TARGET_PIDFD"),
-    (native.HELLO_TARGET_PIDFD, 3, "exactly two fds with TARGET_PIDFD"),
+    (intake_wire.HELLO_TARGET_PIDFD, 1, "exactly two fds with TARGET_PIDFD"),
+    (intake_wire.HELLO_TARGET_PIDFD, 3, "exactly two fds with TARGET_PIDFD"),
     (0x4, 1, "unknown HELLO flags 0x4"),
 ])
 def test_a_hello_with_other_fds_is_refused_and_they_are_closed(
         fds: list[int], flags: int, count: int, words: str) -> None:
     with pytest.raises(RegistrationRefused) as refused:
-        hello_listener(native.Hello(7, "/s", flags=flags), fds[:count])
+        hello_listener(intake_wire.Hello(7, "/s", flags=flags), fds[:count])
     assert refused.value.errno == errno.EINVAL and words in refused.value.reason
     assert all(closed(fd) for fd in fds[:count])

@@ -6,7 +6,7 @@ import resource
 
 import pytest
 
-from monitor.thread_cache import (
+from monitor.plane.thread_cache import (
     FDS_PER_TARGET_BESIDES_CACHE,
     MAX_CACHED_THREADS,
     MIN_CACHED_THREADS,

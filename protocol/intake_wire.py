@@ -1,4 +1,5 @@
-"""fhmon's native intake protocol (used by `fhmon launch`), defined with construct.
+"""fhmon's intake wire protocol (the "native" registration convention, used by `fhmon
+launch`; not the native data plane), defined with construct.
 
 Every message is one frame:
 

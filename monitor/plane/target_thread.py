@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from monitor import linux
 from monitor.listener import Listener, NotificationGone
+from monitor.plane.thread_cache import ThreadCache
 from monitor.proc_status import ThreadStatus, read_status
-from monitor.thread_cache import ThreadCache
 from protocol import kernel
 
 # Out of fds or memory in fhmon while it answers: the kernel's own answer in that state,

@@ -12,7 +12,7 @@ from monitor import log
 from monitor.handlers.base import Answered, CallContext, Middleware, Step
 from monitor.labels import errno_name, refusal_code
 from monitor.listener import NotificationGone
-from monitor.target_thread import SyscallError
+from monitor.plane.target_thread import SyscallError
 
 # Answers that mean "fhmon refused on policy", worth an audit line when the handler said why
 # (SyscallError.reason).

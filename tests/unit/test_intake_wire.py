@@ -1,4 +1,5 @@
-"""protocol.native: the framed intake protocol, as a sans-IO encoder and incremental decoder."""
+"""protocol.intake_wire: the framed intake protocol (`fhmon launch`), as a sans-IO encoder and
+incremental decoder."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import native
-from protocol.native import (
+from protocol import intake_wire
+from protocol.intake_wire import (
     HEADER_SIZE,
     HELLO_EXPECT_SHARE,
     MAGIC,
@@ -92,8 +93,8 @@ def test_constants() -> None:
     assert MAGIC == b"FHMN"
     assert HEADER_SIZE == 12
     assert MAX_PAYLOAD == 16384
-    assert native.PROTOCOL_VERSION == 1
-    assert sorted(native.SUPPORTED_VERSIONS) == [1]
+    assert intake_wire.PROTOCOL_VERSION == 1
+    assert sorted(intake_wire.SUPPORTED_VERSIONS) == [1]
     assert [(k.name, k.value) for k in Kind] == [
         ("HELLO", 1), ("ACCEPT", 2), ("REFUSE", 3), ("PING", 4), ("PONG", 5), ("STATUS", 6),
         ("STATUS_REPLY", 7)]
@@ -131,14 +132,14 @@ def test_hello_with_an_expected_share_bytes() -> None:
 def test_hello_with_the_targets_pidfd_bytes_and_fd_count() -> None:
     """TARGET_PIDFD (0x2) adds no payload: it says SCM_RIGHTS carries a second fd, the
     target's pidfd, after the listener; it combines with EXPECT_SHARE."""
-    assert native.HELLO_TARGET_PIDFD == 0x2
-    assert native.HELLO_KNOWN_FLAGS == HELLO_EXPECT_SHARE | native.HELLO_TARGET_PIDFD
-    raw = encode(Hello(target_pid=2, share="/s", client="c", flags=native.HELLO_TARGET_PIDFD))
+    assert intake_wire.HELLO_TARGET_PIDFD == 0x2
+    assert intake_wire.HELLO_KNOWN_FLAGS == HELLO_EXPECT_SHARE | intake_wire.HELLO_TARGET_PIDFD
+    raw = encode(Hello(target_pid=2, share="/s", client="c", flags=intake_wire.HELLO_TARGET_PIDFD))
     assert raw == _frame(1, 1, struct.pack(">II", 2, 0x2) + _text("/s") + _text("c"))
-    assert decode_one(raw) == Hello(2, "/s", "c", native.HELLO_TARGET_PIDFD)
-    both = encode(Hello(2, "/s", "c", native.HELLO_TARGET_PIDFD, share_id=bytes(32)))
+    assert decode_one(raw) == Hello(2, "/s", "c", intake_wire.HELLO_TARGET_PIDFD)
+    both = encode(Hello(2, "/s", "c", intake_wire.HELLO_TARGET_PIDFD, share_id=bytes(32)))
     assert decode_one(both) == Hello(2, "/s", "c", 0x3, share_id=bytes(32))
-    assert [native.hello_fd_count(f) for f in (0, 1, 2, 3, 0xFFFFFFFD, 0xFFFFFFFF)] == [
+    assert [intake_wire.hello_fd_count(f) for f in (0, 1, 2, 3, 0xFFFFFFFD, 0xFFFFFFFF)] == [
         1, 1, 2, 2, 1, 2]
 
 
@@ -165,12 +166,12 @@ def test_encode_refuses_non_messages() -> None:
 
 
 def test_looks_native() -> None:
-    assert native.looks_native(b"FHMN\x00\x01")
-    assert native.looks_native(b"F")
-    assert not native.looks_native(b"{")
-    assert not native.looks_native(b' {"ociVersion"')
-    assert not native.looks_native(b"\n")
-    assert not native.looks_native(b"")
+    assert intake_wire.looks_native(b"FHMN\x00\x01")
+    assert intake_wire.looks_native(b"F")
+    assert not intake_wire.looks_native(b"{")
+    assert not intake_wire.looks_native(b' {"ociVersion"')
+    assert not intake_wire.looks_native(b"\n")
+    assert not intake_wire.looks_native(b"")
 
 
 # --- round trips ----------------------------------------------------------------------------
@@ -584,8 +585,8 @@ def _collect(summary: dict[str, Any], targets: list[dict[str, Any]],
         after = pages.request.after
         request = decode_one(encode(pages.request))
         assert isinstance(request, StatusRequest) and request.after == after
-        reply = native.status_page(summary, [t for t in targets if t["id"] > after], after,
-                                   total=len(targets), budget=budget)
+        reply = intake_wire.status_page(summary, [t for t in targets if t["id"] > after], after,
+                                        total=len(targets), budget=budget)
         frame = encode(reply)  # raises if over MAX_PAYLOAD
         assert len(frame) <= HEADER_SIZE + MAX_PAYLOAD
         pages.feed(decode_one(frame))
@@ -605,7 +606,7 @@ def test_two_hundred_targets_come_in_bounded_pages() -> None:
 
 
 def test_a_small_status_is_one_page_like_before() -> None:
-    reply = native.status_page(SUMMARY, [_target(1), _target(2)], 0)
+    reply = intake_wire.status_page(SUMMARY, [_target(1), _target(2)], 0)
     body = json.loads(reply.json)
     assert body["targets"] == [_target(1), _target(2)] and body["next"] is None
     assert body["total_targets"] == 2
@@ -628,7 +629,7 @@ def test_a_target_too_large_for_a_page_is_cut_to_fit() -> None:
     got = [t["id"] for t in status["targets"]]
     assert got == [1, 5, 9]
     cut = status["targets"][1]
-    assert cut["share"].endswith(native.TRUNCATED) and cut["pid"] == huge["pid"]
+    assert cut["share"].endswith(intake_wire.TRUNCATED) and cut["pid"] == huge["pid"]
 
 
 @FEWER
@@ -641,7 +642,7 @@ def test_pages_never_exceed_the_frame_and_lose_no_target(
     status, _ = _collect(SUMMARY, targets, budget)
     assert [t["id"] for t in status["targets"]] == [t["id"] for t in targets]
     for got, sent in zip(status["targets"], targets, strict=True):
-        assert got == sent or got["share"].endswith(native.TRUNCATED)
+        assert got == sent or got["share"].endswith(intake_wire.TRUNCATED)
 
 
 @pytest.mark.parametrize("reply,words", [
