@@ -68,7 +68,10 @@ def read_status(tid: int) -> ThreadStatus:
         groups = tuple(int(g) for g in fields[b"Groups"].split())
         # CapEff is relative to the task's own user namespace: a target that made itself
         # "root" in a new user namespace holds no capability over fhmon's files.
-        caps = int(fields[b"CapEff"], 16) if _in_our_user_ns(tid) else 0
+        # (with no capability at all, there is nothing to look up)
+        caps = int(fields[b"CapEff"], 16)
+        if caps and not _in_our_user_ns(tid):
+            caps = 0
         creds = Credentials(int(uids[3]), int(gids[3]), groups, caps)
         # No capabilities, one uid and one gid everywhere, no_new_privs: nothing the thread
         # can do (setfsuid to its only uid; no setgroups, no capset gains, no setuid exec)

@@ -45,10 +45,12 @@ def build_program(syscalls: tuple[str, ...] = TRAPPED_SYSCALLS) -> bytes:
         os.close(memfd)
 
 
-def install(program: bytes) -> int:
-    """Set NO_NEW_PRIVS, load the program on the calling thread, return the listener fd."""
+def install(program: bytes, no_new_privs: bool = True) -> int:
+    """Set NO_NEW_PRIVS, load the program on the calling thread, return the listener fd.
+    no_new_privs=False loads it without (which needs CAP_SYS_ADMIN), as a container runtime
+    does for a container that does not ask for noNewPrivileges."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+    if no_new_privs and libc.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(NO_NEW_PRIVS): {os.strerror(err)}")
     if len(program) % 8 or not program:
@@ -97,6 +99,7 @@ RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, s
 def fork_under_filter(user: tuple[int, int] | None = None, argv: list[str] | None = None,
                       timeout: float | None = 30.0,
                       signal_mask: Iterable[int] | None = None,
+                      no_new_privs: bool = True,
                       ) -> tuple[int, int, socket.socket]:
     """Fork a child that drops to `user` (uid, gid), installs the handle filter and hands
     its listener back; returns (pid, listener, channel). The child keeps no copy of the
@@ -107,6 +110,8 @@ def fork_under_filter(user: tuple[int, int] | None = None, argv: list[str] | Non
     still be reported: see `exec_outcome`.
     signal_mask: the mask the child sets just before exec (a caller that blocked signals
     around the fork, so that none arrives before it can forward them, passes the old one).
+    no_new_privs=False: the child (root) loads the filter first and drops to `user` after,
+    without no_new_privs, as runc does for a container without noNewPrivileges.
     """
     restore_mask = None if signal_mask is None else set(signal_mask)
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -115,11 +120,13 @@ def fork_under_filter(user: tuple[int, int] | None = None, argv: list[str] | Non
         parent_end.close()
         try:
             program = build_program()
+            listener = -1 if no_new_privs else install(program, no_new_privs=False)
             if user is not None:
                 os.setgroups([])
                 os.setgid(user[1])
                 os.setuid(user[0])
-            listener = install(program)
+            if no_new_privs:
+                listener = install(program)
             fdpass.send_fd(child_end, _LISTENER, listener)
             os.close(listener)
             while True:

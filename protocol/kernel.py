@@ -88,6 +88,11 @@ SYS_PIDFD_OPEN: Final = 434
 SYS_OPENAT2: Final = 437
 SYS_PIDFD_GETFD: Final = 438
 PIDFD_THREAD: Final = 0o200  # pidfd_open(2): a thread, not a process (O_EXCL's bit)
+# ioctl(pidfd, PIDFD_GET_INFO) (6.13+): _IOWR(0xFF, 11, struct pidfd_info) of the first,
+# 64-byte version; PIDFD_INFO_CREDS asks for ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid
+PIDFD_GET_INFO: Final = 0xC040FF0B
+PIDFD_INFO_CREDS: Final = 0x2
+PIDFD_INFO_SIZE_VER0: Final = 64
 SECCOMP_SET_MODE_FILTER: Final = 1
 SECCOMP_FILTER_FLAG_NEW_LISTENER: Final = 1 << 3
 KCMP_FILE: Final = 0

@@ -35,6 +35,11 @@ pub const O_PATH: i32 = 0o10_000_000;
 
 /// pidfd_open(2): a thread, not a process (O_EXCL's bit)
 pub const PIDFD_THREAD: u32 = 0o200;
+/// ioctl(pidfd, PIDFD_GET_INFO) (6.13+): _IOWR(0xFF, 11, struct pidfd_info), its first
+/// version (64 bytes), asking for the credentials (ruid..fsgid at bytes 28..60)
+pub const PIDFD_GET_INFO: u64 = 0xC040_FF0B;
+pub const PIDFD_INFO_CREDS: u64 = 0x2;
+pub const PIDFD_INFO_SIZE_VER0: usize = 64;
 /// openat2(2) resolve flags
 pub const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
 pub const RESOLVE_IN_ROOT: u64 = 0x10;

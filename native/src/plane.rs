@@ -204,7 +204,9 @@ impl Spare {
 
 /// A thread of the target seen before: its pidfd (which names that thread for as long as
 /// it lives: a live pidfd's TID is the notifying thread's) and its real uid once its
-/// credentials are known to be frozen (monitor/plane/thread_cache.py ThreadCache).
+/// credentials are known to be frozen, or fixed until an execve (`frozen.frozen` false: a
+/// thread without no_new_privs, checked on each use by caller.rs unchanged_since_read)
+/// (monitor/plane/thread_cache.py ThreadCache).
 struct ThreadEntry {
     pidfd: OwnedFd,
     frozen: Option<Arc<Status>>,

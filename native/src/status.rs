@@ -10,6 +10,12 @@ pub struct Status {
     /// frozen but for CapEff: with no effective capability either, nothing the thread can
     /// do changes what permission checks see
     pub frozen: bool,
+    /// frozen but for no_new_privs (and CapEff): only an execve (of a set-user-ID,
+    /// set-group-ID or file-capability program) can change these credentials
+    pub fixed_until_exec: bool,
+    /// uids and gids as the file gives them (real, effective, saved, filesystem), for a
+    /// comparison with what PIDFD_GET_INFO reports
+    pub ids: [u32; 8],
     pub creds: Credentials,
 }
 
@@ -65,11 +71,15 @@ pub fn parse(raw: &[u8]) -> Option<Status> {
     let gids = numbers::<4>(field(raw, b"Gid")?)?;
     let same = |ids: &[u32; 4]| ids.iter().all(|&i| i == ids[0]);
     // CapEff is left to the caller: it counts only in fhmon's own user namespace
-    let frozen = same(&uids)
+    let fixed_until_exec = same(&uids)
         && same(&gids)
         && hex_is_zero(field(raw, b"CapPrm"))
-        && hex_is_zero(field(raw, b"CapAmb"))
-        && field(raw, b"NoNewPrivs") == Some(b"1");
+        && hex_is_zero(field(raw, b"CapAmb"));
+    let frozen = fixed_until_exec && field(raw, b"NoNewPrivs") == Some(b"1");
+    // PIDFD_GET_INFO's order: ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid
+    let ids = [
+        uids[0], gids[0], uids[1], gids[1], uids[2], gids[2], uids[3], gids[3],
+    ];
     let creds = Credentials {
         fsuid: uids[3],
         fsgid: gids[3],
@@ -80,6 +90,8 @@ pub fn parse(raw: &[u8]) -> Option<Status> {
         tgid,
         uid: uids[0],
         frozen,
+        fixed_until_exec,
+        ids,
         creds,
     })
 }
@@ -110,6 +122,18 @@ CapAmb:\t0000000000000000\nNoNewPrivs:\t1\n";
             "Uid:\t65534\t0\t65534\t65534",
         );
         assert!(!parse(mixed.as_bytes()).unwrap().frozen);
+        assert!(!parse(mixed.as_bytes()).unwrap().fixed_until_exec);
         assert!(parse(b"Tgid:\t1\n").is_none());
+    }
+
+    #[test]
+    fn without_no_new_privs_the_ids_are_fixed_only_until_an_exec() {
+        let text = String::from_utf8(NOBODY.to_vec())
+            .unwrap()
+            .replace("NoNewPrivs:\t1", "NoNewPrivs:\t0")
+            .replace("Uid:\t65534\t65534\t65534\t65534", "Uid:\t7\t7\t7\t7");
+        let s = parse(text.as_bytes()).unwrap();
+        assert_eq!((s.frozen, s.fixed_until_exec), (false, true));
+        assert_eq!(s.ids, [7, 65534, 7, 65534, 7, 65534, 7, 65534]);
     }
 }

@@ -566,6 +566,55 @@ pub fn capget_thread() -> Result<(u64, u64, u64), Errno> {
     ))
 }
 
+/// capget of another thread by TID: (effective, permitted). The TID is a number: only a
+/// liveness proof through the thread's pidfd after the call shows it named that thread.
+pub fn capget_tid(tid: u32) -> Result<(u64, u64), Errno> {
+    let mut header = CapHeader {
+        version: abi::LINUX_CAPABILITY_VERSION_3,
+        pid: i32::try_from(tid).map_err(|_| libc::ESRCH)?,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: a version-3 header and the two data structs that version reads and writes.
+    let ret = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
+    if ret < 0 {
+        return Err(last_errno());
+    }
+    let join = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+    Ok((
+        join(data[0].effective, data[1].effective),
+        join(data[0].permitted, data[1].permitted),
+    ))
+}
+
+/// ioctl(PIDFD_GET_INFO, PIDFD_INFO_CREDS): the pidfd's thread's ruid, rgid, euid, egid,
+/// suid, sgid, fsuid and fsgid, as the kernel holds them now (ESRCH once it has exited;
+/// ENOTTY or EINVAL before 6.13).
+pub fn pidfd_creds(pidfd: BorrowedFd<'_>) -> Result<[u32; 8], Errno> {
+    let mut info = [0u8; abi::PIDFD_INFO_SIZE_VER0];
+    info[..8].copy_from_slice(&abi::PIDFD_INFO_CREDS.to_ne_bytes());
+    // SAFETY: the ioctl reads and writes exactly the 64 bytes its number encodes.
+    let ret = unsafe {
+        libc::ioctl(
+            pidfd.as_raw_fd(),
+            abi::PIDFD_GET_INFO as _,
+            info.as_mut_ptr(),
+        )
+    };
+    if ret < 0 {
+        return Err(last_errno());
+    }
+    let mask = u64::from_ne_bytes(info[..8].try_into().unwrap_or_default());
+    if mask & abi::PIDFD_INFO_CREDS == 0 {
+        return Err(libc::EINVAL);
+    }
+    let mut ids = [0u32; 8];
+    for (i, id) in ids.iter_mut().enumerate() {
+        let at = 28 + 4 * i;
+        *id = u32::from_ne_bytes(info[at..at + 4].try_into().unwrap_or_default());
+    }
+    Ok(ids)
+}
+
 /// capset on the calling thread only (the raw syscall; pid 0 = this thread).
 pub fn capset_thread(effective: u64, permitted: u64, inheritable: u64) -> Result<(), Errno> {
     let mut header = CapHeader {

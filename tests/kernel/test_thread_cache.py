@@ -20,6 +20,7 @@ import pytest
 
 from tests.support import Agent, wait_until
 from tests.support.handles import N2HResult
+from tests.support.world import SYSTEM_PYTHON
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 AT_EMPTY_PATH = 0x1000
@@ -227,3 +228,46 @@ def test_a_many_threaded_target_holds_only_its_share_of_the_fd_limit(
         assert set(out["results"]) == {"0"}, out
         assert out["ended_by_until"]
         crowd.close()
+
+
+def test_a_thread_without_no_new_privs_is_served_as_it_is_after_a_set_user_id_exec(
+        spawn: Any, world: Any) -> None:
+    """A container without noNewPrivileges: its credentials are cached too, but only until an
+    execve of a set-user-ID program, after which fhmon must open as the new euid, exactly
+    as the kernel's own open does (the oracle: probe_open in the same process)."""
+    import shutil
+    import stat
+
+    place = world.main / "nnp-off"
+    place.mkdir(mode=0o755)
+    try:
+        secret = place / "owned-by-1000"
+        secret.write_text("only uid 1000 reads this\n")
+        os.chown(secret, 1000, 1000)
+        secret.chmod(0o400)
+        suid_python = world.base / "suid-1000-python"
+        shutil.copy(os.path.realpath(SYSTEM_PYTHON), suid_python)
+        os.chown(suid_python, 1000, 1000)
+        suid_python.chmod(stat.S_ISUID | 0o755)
+        agent: Agent = spawn("runc-nnp-off")
+        status = Path(f"/proc/{agent.pid}/status").read_text()
+        assert "NoNewPrivs:\t0" in status
+        handle = N2HResult.of(agent.call("n2h", path="nnp-off/owned-by-1000"))
+        assert handle.errno == 0
+        obh = {"f_handle": handle.f_handle.hex(), "handle_type": handle.handle_type}
+        relative = "nnp-off/owned-by-1000"
+        for _ in range(3):  # the second and third from the cache, if any
+            assert agent.call("probe_open", path=relative)["errno"] == errno.EACCES
+            assert agent.call("obh", **obh, answer_within=30)["errno"] == errno.EACCES
+        ready = agent.call("exec", argv=[str(suid_python), str(world.agent), str(world.main)])
+        assert ready["ready"] and ready["pid"] == agent.pid
+        uids = next(line for line in Path(f"/proc/{agent.pid}/status").read_text().splitlines()
+                    if line.startswith("Uid:")).split()[1:]
+        assert uids == ["65534", "1000", "1000", "1000"]
+        for _ in range(3):
+            assert agent.call("probe_open", path=relative)["errno"] == 0
+            opened = agent.call("obh", **obh, answer_within=30)
+            assert opened["errno"] == 0, opened
+    finally:
+        shutil.rmtree(place)
+        (world.base / "suid-1000-python").unlink(missing_ok=True)

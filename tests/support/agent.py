@@ -27,7 +27,7 @@ class Agent:
             assert socket is not None
             argv = [FHMON, "launch", "--socket", socket, "--share", str(share),
                     *(["--user", str(user)] if user is not None else []), "--", *agent_argv]
-        elif mode in ("runc", "crun"):
+        elif mode in ("runc", "crun", "runc-nnp-off"):
             assert socket is not None
             argv = [sys.executable, "-m", "tests.support.oci_runtime", mode, socket,
                     str(share), "--", *agent_argv]

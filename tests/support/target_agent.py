@@ -532,9 +532,19 @@ def unshare_user(cmd):
     return {"errno": 0}
 
 
+def do_exec(cmd):
+    """execv(argv): the program that follows answers on the same stdin and stdout (an agent
+    run again prints its ready line, which is this command's answer)."""
+    sys.stdout.flush()
+    try:
+        os.execv(cmd["argv"][0], cmd["argv"])
+    except OSError as exc:
+        return {"errno": exc.errno}
+
+
 EXTRA_OPS = {"race": race, "storm": storm, "lease": take_lease, "close_later": close_later,
              "lingering_socket": lingering_socket, "stack_mounts": stack_mounts,
-             "symlinks": make_symlinks, "unshare_user": unshare_user}
+             "symlinks": make_symlinks, "unshare_user": unshare_user, "exec": do_exec}
 
 
 def main():

@@ -1,11 +1,13 @@
 //! Who is calling: the calling thread's credentials (/proc/TID/status, cached while they
-//! are frozen) and Answerer's uid check for targets an unprivileged client registered.
+//! are frozen, or until an execve for a thread without no_new_privs) and Answerer's uid
+//! check for targets an unprivileged client registered.
 
 use super::*;
 
 impl Plane {
     /// TargetThread.status: the thread's credentials, from the cache while they are frozen
-    /// and its pidfd's thread lives, else read from /proc (a new pidfd opened first: the
+    /// and its pidfd's thread lives (or, without no_new_privs, while the kernel still shows
+    /// them unchanged: unchanged_since_read), else read from /proc (a new pidfd opened first: the
     /// ID_VALID after the read proves it names the caller). Memoised for the call.
     pub(super) fn thread_status(
         &self,
@@ -16,22 +18,43 @@ impl Plane {
         if let Some(status) = memo {
             return Ok(Arc::clone(status));
         }
-        let mut cache = lock(&target.threads);
-        let mut have_live = false;
-        if let Some(e) = cache.get(n.pid) {
-            if sys::pidfd_alive(e.pidfd.as_fd()) {
-                if let Some(status) = &e.frozen {
-                    *memo = Some(Arc::clone(status));
-                    return Ok(Arc::clone(status));
+        let (have_live, before) = {
+            let cache = lock(&target.threads);
+            match cache.get(n.pid) {
+                None => (false, None),
+                Some(e) => {
+                    if let Some(status) = &e.frozen {
+                        let still = if status.frozen {
+                            sys::pidfd_alive(e.pidfd.as_fd())
+                        } else {
+                            unchanged_since_read(n.pid, e.pidfd.as_fd(), status)
+                        };
+                        if still {
+                            *memo = Some(Arc::clone(status));
+                            return Ok(Arc::clone(status));
+                        }
+                    }
+                    let before = sys::pidfd_creds(e.pidfd.as_fd()).ok();
+                    (
+                        before.is_some() || sys::pidfd_alive(e.pidfd.as_fd()),
+                        before,
+                    )
                 }
-                have_live = true;
             }
-        }
+        };
+        // the cache is not locked over the read: a TID makes one call at a time, and the
+        // target's other threads need not wait for this one's /proc read
         let pidfd = if have_live {
             None
         } else {
             sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD).ok()
         };
+        // the kernel's ids before the read: an execve between the two shows as a difference
+        let before = before.or_else(|| {
+            pidfd
+                .as_ref()
+                .and_then(|p| sys::pidfd_creds(p.as_fd()).ok())
+        });
         let mut buf = [0u8; 8192];
         let len =
             sys::read_proc_status(n.pid, &mut buf).map_err(|e| resource_or_gone(target, n, e))?;
@@ -41,12 +64,20 @@ impl Plane {
         let Some(mut status) = crate::status::parse(&buf[..len]) else {
             return Err(Outcome::Gone);
         };
-        if !self.in_our_user_ns(n.pid) {
+        let no_capability = status.creds.cap_effective == 0;
+        // CapEff counts only in fhmon's own user namespace; with none, nothing to look at
+        if !no_capability && !self.in_our_user_ns(n.pid) {
             status.creds.cap_effective = 0; // no capability over fhmon's files
         }
         status.frozen = status.frozen && status.creds.cap_effective == 0;
+        // without no_new_privs, cached too, and checked against the kernel on each use
+        let until_exec = !status.frozen
+            && status.fixed_until_exec
+            && no_capability
+            && before == Some(status.ids);
         let status = Arc::new(status);
-        let frozen = status.frozen.then(|| Arc::clone(&status));
+        let frozen = (status.frozen || until_exec).then(|| Arc::clone(&status));
+        let mut cache = lock(&target.threads);
         match pidfd {
             Some(pidfd) => remember(&mut cache, n.pid, pidfd, frozen),
             None => {
@@ -80,4 +111,13 @@ impl Plane {
         }
         Ok(self.thread_status(target, n, memo)?.uid == target.peer_uid)
     }
+}
+
+/// A thread cached without no_new_privs keeps its credentials until an execve of a
+/// set-user-ID, set-group-ID or file-capability program: still no capability (capget by
+/// TID) and the same eight ids (PIDFD_GET_INFO through its pidfd, which also proves that
+/// the thread lived after the capget, so the TID named it). Two syscalls, against a /proc
+/// read and parse per call.
+fn unchanged_since_read(tid: u32, pidfd: BorrowedFd<'_>, read: &Status) -> bool {
+    matches!(sys::capget_tid(tid), Ok((0, 0))) && sys::pidfd_creds(pidfd) == Ok(read.ids)
 }
