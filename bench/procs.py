@@ -216,13 +216,18 @@ class ReferenceMonitor(Monitor):
 
 
 class TargetProc:
-    """One bench/target.py process, kept alive across runs."""
+    """One bench/target.py process, kept alive across runs. no_new_privs=False: instead of
+    `fhmon launch`, the target's filter is loaded while it is still root and it drops to
+    uid 65534 after, without no_new_privs (as runc does for a container that does not ask
+    for noNewPrivileges); the bench then registers it itself with a HELLO."""
 
     def __init__(self, base: Path, monitor: Monitor | None, index: int,
-                 timeout: float) -> None:
+                 timeout: float, no_new_privs: bool = True) -> None:
         share = base / "share"
         argv = [SYSTEM_PYTHON, str(base / "target.py"), str(share)]
-        if monitor is not None:
+        direct = monitor is None or not no_new_privs
+        if not direct:
+            assert monitor is not None
             argv = [FHMON, "launch", "--socket", monitor.socket, "--share", str(share),
                     "--user", NOBODY, "--", *argv]
         name = monitor.name if monitor else "kernel"
@@ -230,8 +235,13 @@ class TargetProc:
         self.timeout = timeout
         self.log_path = base / "logs" / f"{name}-{index}.log"
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True)
+        self.registration: Any = None
+        if monitor is not None and not no_new_privs:
+            self.proc, self.registration = _register_without_no_new_privs(
+                monitor.socket, str(share), argv, self.log)
+        else:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self.log, text=True)
         self.pid = 0
 
     @property
@@ -282,7 +292,51 @@ class TargetProc:
             self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        if self.registration is not None:
+            self.registration.close()
         self.log.close()
+
+
+def _register_without_no_new_privs(socket_path: str, share: str, argv: list[str],
+                                   log: IO[bytes]) -> tuple[subprocess.Popen[str], Any]:
+    """Start argv with the handle filter loaded as root (no_new_privs left off) and uid
+    65534 after, and register it with the monitor at socket_path by a HELLO (the intake
+    protocol of `fhmon launch`, which refmon speaks too); returns the process and the
+    registration's connection (kept open for the target's life, as the launcher does)."""
+    import socket
+
+    from monitor import fdpass, seccomp_filter
+    from protocol import intake_wire
+
+    program = seccomp_filter.build_program()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def load_then_drop() -> None:  # in the child, before exec
+        listener = seccomp_filter.install(program, no_new_privs=False)
+        os.setgroups([])
+        os.setresgid(int(NOBODY), int(NOBODY), int(NOBODY))
+        os.setresuid(int(NOBODY), int(NOBODY), int(NOBODY))
+        fdpass.send_fd(theirs, b"L", listener)
+        os.close(listener)
+
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                            text=True, preexec_fn=load_then_drop, pass_fds=[theirs.fileno()])
+    theirs.close()
+    _, fds, _ = fdpass.recv_fds(ours, 16, 1)
+    ours.close()
+    if len(fds) != 1:
+        proc.kill()
+        raise BenchError("the target sent no listener")
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(socket_path)
+    conn.sendmsg([intake_wire.encode(intake_wire.Hello(proc.pid, share, "bench"))],
+                 fdpass.rights(fds))
+    os.close(fds[0])
+    answer = intake_wire.decode_one(conn.recv(65536))
+    if not isinstance(answer, intake_wire.Accept):
+        proc.kill()
+        raise BenchError(f"the monitor did not accept the target: {answer}")
+    return proc, conn
 
 
 @dataclass
@@ -292,10 +346,11 @@ class Pool:
     base: Path
     monitor: Monitor | None
     timeout: float
+    no_new_privs: bool = True
     targets: list[TargetProc] = field(default_factory=list)
 
     def ensure(self, count: int) -> list[TargetProc]:
-        new = [TargetProc(self.base, self.monitor, i, self.timeout)
+        new = [TargetProc(self.base, self.monitor, i, self.timeout, self.no_new_privs)
                for i in range(len(self.targets), count)]
         for t in new:
             t.wait_ready()

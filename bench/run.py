@@ -259,7 +259,8 @@ def run_matrix(base: Path, cells: list[Cell], configs: list[str],
               file=sys.stderr, flush=True)
 
     def pool_for(config: str) -> Pool:
-        return Pool(base, monitors.get(config), args.timeout)
+        return Pool(base, monitors.get(config), args.timeout,
+                    no_new_privs=args.no_new_privs == "on")
 
     for count in sorted({c.targets for c in cells}):
         group = [c for c in cells if c.targets == count]
@@ -457,6 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "under `perf record` and print its CPU by layer: kernel (by syscall), "
                    "interpreter, libraries (needs linux-perf)")
     p.add_argument("--timeout", type=float, default=600, help="seconds to wait for a target")
+    p.add_argument("--no-new-privs", choices=("on", "off"), default="on",
+                   help="off: the targets' filter is loaded while they are root, and they "
+                        "run as uid 65534 without no_new_privs (a container without "
+                        "noNewPrivileges); registered by the bench's own HELLO")
     p.add_argument("--json", default=str(HERE / "results" / "latest.json"),
                    help="write the results here (default bench/results/latest.json)")
     p.add_argument("--plot", help="draw latency and calls/s against threads into this PNG")
@@ -515,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command, "mode": mode,
         "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "machine": machine(), "load_start": loadavg(), "repeat": args.repeat,
+        "targets_no_new_privs": args.no_new_privs,
         "calls_per_cell": args.calls, "min_per_thread": args.min_per_thread,
         "configs": {c: variants[c] for c in configs if c in variants}, "results": []}
     what = "no matrix" if args.no_matrix else \
