@@ -15,7 +15,7 @@
 //! reference answers EPERM and audits it), other syscalls or architectures (ENOSYS), and
 //! the rare cases noted where they arise (a kernel without PIDFD_THREAD).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,14 +26,26 @@ use std::time::{Duration, Instant};
 use crate::abi::{self, Notification};
 use crate::creds::{ActingAs, Baseline};
 use crate::handle::{self, MAX_HANDLE_SZ, MAX_KERNEL_HANDLE_SIZE};
-use crate::mac::{KeyRing, ShareId};
-use crate::policy::{self, PATH_MAX, ShareFacts, ShareRoot};
+use crate::mac::KeyRing;
+use crate::policy::{self, PATH_MAX};
 use crate::status::Status;
 use crate::sys::{self, Errno};
 
 mod caller;
 mod n2h;
 mod obh;
+mod outcome;
+mod spare;
+mod target;
+mod thread_cache;
+
+use outcome::{Outcome, err, getfd_error, resource_or_gone};
+use spare::{Spare, lock, take_work};
+use target::Target;
+use thread_cache::remember;
+
+pub use target::Share;
+pub use thread_cache::PIDFD_CACHE;
 
 pub const SYSCALLS: [&str; 2] = ["name_to_handle_at", "open_by_handle_at"];
 /// errno values 1..=MAX_ERRNO get a counter each; index 0 counts "ok", GONE "gone".
@@ -42,8 +54,6 @@ pub const GONE: usize = MAX_ERRNO + 1;
 const RESULTS: usize = MAX_ERRNO + 2;
 pub const BUCKETS: usize = 16;
 const MAX_EVENTS: usize = 4096;
-/// The most pidfds a target's thread cache holds (Config::pidfds_per_target is at most this).
-pub const PIDFD_CACHE: usize = 1024;
 /// errnos whose refusal with a reason is audited (monitor/plane/audit.py _POLICY_ERRNOS)
 const POLICY_ERRNOS: [i32; 5] = [
     libc::EACCES,
@@ -71,24 +81,6 @@ pub struct Config {
     /// RLIMIT_NOFILE: monitor/plane/thread_cache.py cached_threads_per_target);
     /// 1..=PIDFD_CACHE
     pub pidfds_per_target: usize,
-}
-
-pub struct Share {
-    /// signing.share_id_from_handle of the root, computed by Python at registration
-    pub share_id: ShareId,
-    pub dir_fd: OwnedFd,
-    pub path_fd: OwnedFd,
-    pub facts: ShareFacts,
-}
-
-impl Share {
-    fn root(&self) -> ShareRoot<'_> {
-        ShareRoot {
-            facts: &self.facts,
-            path_fd: self.path_fd.as_fd(),
-            dir_fd: self.dir_fd.as_fd(),
-        }
-    }
 }
 
 /// A refusal for the audit log, as monitor/plane/audit.py audit_middleware writes it.
@@ -147,108 +139,6 @@ impl Counters {
     }
 }
 
-struct Target {
-    id: u64,
-    listener: OwnedFd,
-    share: Share,
-    peer_uid: u32,
-    stopping: AtomicBool,
-    hung_up: AtomicBool,
-    threads: Mutex<ThreadCache>,
-    /// the target's last mount_fd on the share's filesystem (obh.rs known_mount_fd)
-    mount_fd: Mutex<Option<obh::MountFdMemo>>,
-    fallback_lock: Mutex<()>,
-    /// calls answered natively since the last take_stats
-    calls: AtomicU64,
-    /// where a spare thread parks while it is confined to one CPU (Spare)
-    spare_lock: Mutex<()>,
-    spare_wake: Condvar,
-    /// under "auto", held while a thread works on a call (Spare): one CPU per target
-    work: Mutex<()>,
-}
-
-/// A target's second reader under data_plane_threads = "auto". With one reader, that
-/// reader waits in ADDFD|SEND until the target has run and taken the fd, so the target's
-/// next open_by_handle_at finds nobody in RECV; on an idle machine the two then drift to
-/// different CPUs and each call wakes a halted CPU (p50 7x the reference's, unpinned:
-/// docs/performance.md). A second reader blocked in RECV is woken where the target runs
-/// (SYNC_WAKE_UP) instead. Confined to one CPU, it cannot run while the first waits and
-/// only adds a switch per call (about 1 us, pinned), so it parks there: its affinity is
-/// looked at once a second. It is there to read, not to work alongside: under "auto" a
-/// thread works on a call only while it holds the target's `work` lock, given up for the
-/// wait in ADDFD|SEND, so a target's calls use at most one CPU of the plane at a time (a
-/// target crawling through symlinks on two threads had put its neighbour's p99 at 11x).
-struct Spare {
-    checked: Instant,
-    confined: bool,
-}
-
-impl Spare {
-    const RECHECK: Duration = Duration::from_secs(1);
-
-    fn new() -> Spare {
-        Spare {
-            checked: Instant::now(),
-            confined: sys::cpus_allowed() < 2,
-        }
-    }
-
-    fn confined(&mut self) -> bool {
-        if self.checked.elapsed() >= Self::RECHECK {
-            self.checked = Instant::now();
-            self.confined = sys::cpus_allowed() < 2;
-        }
-        self.confined
-    }
-}
-
-/// A thread of the target seen before: its pidfd (which names that thread for as long as
-/// it lives: a live pidfd's TID is the notifying thread's) and its real uid once its
-/// credentials are known to be frozen (monitor/plane/thread_cache.py ThreadCache).
-struct ThreadEntry {
-    pidfd: OwnedFd,
-    frozen: Option<Arc<Status>>,
-}
-
-/// A target's threads by TID: O(1) lookups, at most `limit` entries (a pidfd each), its
-/// table allocated once when the target is added (an insert below the reserved capacity
-/// never allocates; a full cache takes no new entry).
-struct ThreadCache {
-    entries: HashMap<u32, ThreadEntry>,
-    limit: usize,
-}
-
-impl ThreadCache {
-    fn new(limit: usize) -> ThreadCache {
-        let limit = limit.clamp(1, PIDFD_CACHE);
-        ThreadCache {
-            entries: HashMap::with_capacity(limit),
-            limit,
-        }
-    }
-
-    fn get(&self, tid: u32) -> Option<&ThreadEntry> {
-        self.entries.get(&tid)
-    }
-
-    fn get_mut(&mut self, tid: u32) -> Option<&mut ThreadEntry> {
-        self.entries.get_mut(&tid)
-    }
-
-    fn forget(&mut self, tid: u32) {
-        self.entries.remove(&tid);
-    }
-
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// The once-a-second sweep: keep the entries whose thread lives.
-    fn retain(&mut self, mut keep: impl FnMut(&ThreadEntry) -> bool) {
-        self.entries.retain(|_, e| keep(e));
-    }
-}
-
 struct Running {
     target: Arc<Target>,
     threads: Vec<JoinHandle<()>>,
@@ -277,19 +167,6 @@ pub struct Plane {
     watcher: Mutex<Option<JoinHandle<()>>>,
     /// fhmon's own root: (st_dev, st_ino, unique mount id)
     our_root: Option<(u64, u64, u64)>,
-}
-
-enum Outcome {
-    Return(i64),
-    /// answered by ADDFD|SEND of this fd with these newfd flags (the answer() sends it)
-    Inject(OwnedFd, u32),
-    Error(i32, Option<&'static str>),
-    Gone,
-    Defer,
-}
-
-fn err(errno: i32) -> Outcome {
-    Outcome::Error(errno, None)
 }
 
 impl Plane {
@@ -344,21 +221,13 @@ impl Plane {
         share: Share,
         peer_uid: u32,
     ) -> Result<(), Errno> {
-        let target = Arc::new(Target {
+        let target = Arc::new(Target::new(
             id,
             listener,
             share,
             peer_uid,
-            stopping: AtomicBool::new(false),
-            hung_up: AtomicBool::new(false),
-            threads: Mutex::new(ThreadCache::new(self.config.pidfds_per_target)),
-            mount_fd: Mutex::new(None),
-            fallback_lock: Mutex::new(()),
-            calls: AtomicU64::new(0),
-            spare_lock: Mutex::new(()),
-            spare_wake: Condvar::new(),
-            work: Mutex::new(()),
-        });
+            self.config.pidfds_per_target,
+        ));
         let mut threads = Vec::new();
         for k in 0..self.config.threads_per_target.max(1) {
             let plane = Arc::clone(self);
@@ -700,17 +569,6 @@ impl Plane {
     }
 }
 
-/// Cache a thread's pidfd. A full cache takes no new entry (the pidfd is closed when it
-/// drops): it never probes its entries on a put, which made every call of a target with
-/// thousands of threads cost a pidfd_alive per cached thread (a neighbour's p50 went 12x,
-/// bench/thread_cache.py; as the reference's ThreadCache.put); the once-a-second sweep makes room when threads exit.
-fn remember(cache: &mut ThreadCache, tid: u32, pidfd: OwnedFd, frozen: Option<Arc<Status>>) {
-    cache.forget(tid);
-    if cache.len() < cache.limit {
-        cache.entries.insert(tid, ThreadEntry { pidfd, frozen });
-    }
-}
-
 /// Run a call's work, catching a panic (None): the thread survives to answer the call and
 /// the next ones. Locks a panic leaves poisoned are taken over by lock(); the credentials
 /// guard (creds::ActingAs) switches back as it unwinds.
@@ -754,36 +612,6 @@ fn read_path(tid: i32, addr: u64, buf: &mut [u8; PATH_MAX]) -> Result<usize, Out
     }
 }
 
-fn getfd_error(target: &Target, n: &Notification, e: Errno) -> Outcome {
-    if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
-        return Outcome::Gone;
-    }
-    if e == libc::EBADF || is_resource_errno(e) {
-        err(e)
-    } else {
-        Outcome::Gone
-    }
-}
-
-/// Out of fds or memory in fhmon (EMFILE, ENFILE, ENOMEM): the kernel's own answer in that
-/// state, as the reference's RESOURCE_ERRNOS (monitor/plane/target_thread.py).
-fn is_resource_errno(e: Errno) -> bool {
-    matches!(e, libc::EMFILE | libc::ENFILE | libc::ENOMEM)
-}
-
-/// A failed pidfd_open, /proc open or /proc read: out of fds or memory is answered while
-/// the call still waits (never "the caller went away", which answers nothing and leaves
-/// the target waiting for good); any other failure means the caller is gone.
-fn resource_or_gone(target: &Target, n: &Notification, e: Errno) -> Outcome {
-    if is_resource_errno(e)
-        && matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true))
-    {
-        err(e)
-    } else {
-        Outcome::Gone
-    }
-}
-
 /// TargetThread.write: ID_VALID, then one process_vm_writev of the chunks that have a
 /// plausible address; EFAULT unless every byte landed.
 fn write(target: &Target, n: &Notification, chunks: &[(u64, &[u8])]) -> Result<(), Outcome> {
@@ -817,32 +645,6 @@ fn read_tgid(tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("Tgid:"))?;
     line["Tgid:".len()..].trim().parse().ok()
-}
-
-/// The target's work lock (Spare), spun for up to WORK_SPIN before sleeping for it: a
-/// call of the target's other thread usually ends within that (3-7 us of work), and a
-/// futex sleep and wake-up per call cost more CPU than the call itself (4 target threads,
-/// unpinned: 22.8 us per call against 11.2 with one plane thread). A call that crawls
-/// (a path walk of milliseconds, a lease break) is waited for asleep.
-fn take_work(m: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
-    const WORK_SPIN: Duration = Duration::from_micros(20);
-    let start = Instant::now();
-    loop {
-        for _ in 0..32 {
-            match m.try_lock() {
-                Ok(guard) => return guard,
-                Err(std::sync::TryLockError::Poisoned(e)) => return e.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => std::hint::spin_loop(),
-            }
-        }
-        if start.elapsed() >= WORK_SPIN {
-            return lock(m);
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Tell a target's threads to stop and wait for each (re-sending the wake signal: one
@@ -891,7 +693,7 @@ fn watch_hangups(plane: std::sync::Weak<Plane>) {
             // forget exited threads' pidfds once a second (ThreadCache.sweep)
             swept = Instant::now();
             for running in lock(&p.targets).iter() {
-                lock(&running.target.threads).retain(|e| sys::pidfd_alive(e.pidfd.as_fd()));
+                lock(&running.target.threads).sweep();
             }
         }
         fds.clear();
@@ -930,10 +732,6 @@ fn watch_hangups(plane: std::sync::Weak<Plane>) {
 mod tests {
     use super::*;
 
-    fn pidfd() -> OwnedFd {
-        sys::pidfd_open(std::process::id() as i32, 0).expect("pidfd_open of ourselves")
-    }
-
     #[test]
     fn a_panic_in_the_work_is_caught_and_the_next_call_runs() {
         let quiet = std::panic::take_hook();
@@ -943,45 +741,5 @@ mod tests {
         std::panic::set_hook(quiet);
         assert!(first.is_none());
         assert_eq!(second, Some(7));
-    }
-
-    #[test]
-    fn the_thread_cache_finds_by_tid_and_takes_no_entry_when_full() {
-        let mut cache = ThreadCache::new(PIDFD_CACHE);
-        let reserved = cache.entries.capacity();
-        assert!(reserved >= PIDFD_CACHE);
-        for tid in 0..PIDFD_CACHE as u32 {
-            remember(&mut cache, tid, pidfd(), None);
-        }
-        assert_eq!(cache.len(), PIDFD_CACHE);
-        remember(&mut cache, 99_999, pidfd(), None); // full: not taken
-        assert!(cache.get(99_999).is_none());
-        assert!(cache.get(5).is_some());
-        remember(&mut cache, 5, pidfd(), None); // a known TID replaces its own entry
-        assert_eq!(cache.len(), PIDFD_CACHE);
-        cache.forget(5);
-        remember(&mut cache, 99_999, pidfd(), None); // room made: taken
-        assert!(cache.get(99_999).is_some() && cache.get(5).is_none());
-        // churn at the limit: the table never grows past what was reserved at its worst
-        for round in 0..4u32 {
-            for tid in 0..PIDFD_CACHE as u32 / 2 {
-                cache.forget(tid + round * 100_000);
-                remember(&mut cache, tid + (round + 1) * 100_000, pidfd(), None);
-            }
-        }
-        assert!(cache.entries.capacity() <= 2 * reserved + 1);
-        cache.retain(|_| false);
-        assert_eq!(cache.len(), 0);
-    }
-
-    #[test]
-    fn the_thread_cache_keeps_to_its_share_of_the_fd_limit() {
-        let mut cache = ThreadCache::new(16);
-        for tid in 0..40 {
-            remember(&mut cache, tid, pidfd(), None);
-        }
-        assert_eq!(cache.len(), 16); // the other pidfds were closed, not kept
-        assert_eq!(ThreadCache::new(0).limit, 1);
-        assert_eq!(ThreadCache::new(1 << 20).limit, PIDFD_CACHE);
     }
 }
