@@ -15,11 +15,10 @@
 //! reference answers EPERM and audits it), other syscalls or architectures (ENOSYS), and
 //! the rare cases noted where they arise (a kernel without PIDFD_THREAD).
 
-use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -32,28 +31,29 @@ use crate::status::Status;
 use crate::sys::{self, Errno};
 
 mod caller;
+mod hangups;
 mod n2h;
 mod obh;
 mod outcome;
 mod spare;
+mod stats;
 mod target;
+mod target_thread;
 mod thread_cache;
 
-use outcome::{Outcome, err, getfd_error, resource_or_gone};
+use hangups::{listener_hung_up, watch_hangups};
+use stats::{Audit, Counters};
+use target_thread::{open_proc_link, read_path, take_fd, write};
+
+use outcome::{Outcome, err, resource_or_gone};
 use spare::{Spare, lock, take_work};
 use target::Target;
 use thread_cache::remember;
 
+pub use stats::{BUCKETS, GONE, MAX_ERRNO, Refused, SYSCALLS, Stats};
 pub use target::Share;
 pub use thread_cache::PIDFD_CACHE;
 
-pub const SYSCALLS: [&str; 2] = ["name_to_handle_at", "open_by_handle_at"];
-/// errno values 1..=MAX_ERRNO get a counter each; index 0 counts "ok", GONE "gone".
-pub const MAX_ERRNO: usize = 133;
-pub const GONE: usize = MAX_ERRNO + 1;
-const RESULTS: usize = MAX_ERRNO + 2;
-pub const BUCKETS: usize = 16;
-const MAX_EVENTS: usize = 4096;
 /// errnos whose refusal with a reason is audited (monitor/plane/audit.py _POLICY_ERRNOS)
 const POLICY_ERRNOS: [i32; 5] = [
     libc::EACCES,
@@ -83,70 +83,9 @@ pub struct Config {
     pub pidfds_per_target: usize,
 }
 
-/// A refusal for the audit log, as monitor/plane/audit.py audit_middleware writes it.
-#[derive(Clone, Debug)]
-pub struct Refused {
-    pub syscall: usize,
-    pub errno: i32,
-    pub reason: &'static str,
-    pub tid: u32,
-    pub tgid: Option<u32>,
-    pub target_id: u64,
-}
-
-#[derive(Clone)]
-pub struct Stats {
-    pub results: [[u64; RESULTS]; 2],
-    pub seconds: [f64; 2],
-    pub buckets: [[u64; BUCKETS + 1]; 2],
-    pub refusals: Vec<(&'static str, u64)>,
-    /// calls answered natively, per target id (the reference counts its own in Target.calls)
-    pub calls: Vec<(u64, u64)>,
-    /// panics caught in a call's work (each call answered EIO)
-    pub panics: u64,
-}
-
-impl Default for Stats {
-    fn default() -> Self {
-        Stats {
-            results: [[0; RESULTS]; 2],
-            seconds: [0.0; 2],
-            buckets: [[0; BUCKETS + 1]; 2],
-            refusals: Vec::new(),
-            calls: Vec::new(),
-            panics: 0,
-        }
-    }
-}
-
-/// The per-call counters, lock-free: every target's threads count into them, and none
-/// should wait for another (a preempted thread holding a lock would stall the others).
-struct Counters {
-    results: [[AtomicU64; RESULTS]; 2],
-    nanos: [AtomicU64; 2],
-    buckets: [[AtomicU64; BUCKETS + 1]; 2],
-    panics: AtomicU64,
-}
-
-impl Counters {
-    fn new() -> Counters {
-        Counters {
-            results: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
-            nanos: std::array::from_fn(|_| AtomicU64::new(0)),
-            buckets: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
-            panics: AtomicU64::new(0),
-        }
-    }
-}
-
 struct Running {
     target: Arc<Target>,
     threads: Vec<JoinHandle<()>>,
-}
-
-struct Events {
-    queue: VecDeque<Refused>,
-    dropped: u64,
 }
 
 pub struct Plane {
@@ -154,13 +93,11 @@ pub struct Plane {
     keys: RwLock<Option<Arc<KeyRing>>>,
     targets: Mutex<Vec<Running>>,
     counters: Counters,
-    refusals: Mutex<Vec<(&'static str, u64)>>,
+    audit: Audit,
     /// native call counts of targets removed since the last take_stats
     removed_calls: Mutex<Vec<(u64, u64)>>,
     /// test hook (monitor._native.Plane.panic_next_calls): this many coming calls panic in their work
     panic_next: AtomicU64,
-    events: Mutex<Events>,
-    wakeup: Condvar,
     stopped: AtomicBool,
     fallback: Box<Fallback>,
     hang_up: Box<HangUp>,
@@ -172,19 +109,15 @@ pub struct Plane {
 impl Plane {
     pub fn new(config: Config, fallback: Box<Fallback>, hang_up: Box<HangUp>) -> Arc<Plane> {
         let _ = sys::install_wake_handler();
+        let counters = Counters::new(config.buckets);
         let plane = Arc::new(Plane {
             config,
             keys: RwLock::new(None),
             targets: Mutex::new(Vec::new()),
-            counters: Counters::new(),
-            refusals: Mutex::new(Vec::new()),
+            counters,
+            audit: Audit::new(),
             removed_calls: Mutex::new(Vec::new()),
             panic_next: AtomicU64::new(0),
-            events: Mutex::new(Events {
-                queue: VecDeque::with_capacity(64),
-                dropped: 0,
-            }),
-            wakeup: Condvar::new(),
             stopped: AtomicBool::new(false),
             fallback,
             hang_up,
@@ -270,7 +203,7 @@ impl Plane {
         for running in all {
             stop_threads(&running.target, running.threads);
         }
-        self.wakeup.notify_all();
+        self.audit.wake_all();
         if let Some(watcher) = lock(&self.watcher).take() {
             let _ = watcher.join();
         }
@@ -282,27 +215,13 @@ impl Plane {
 
     /// Wait until refusals are queued, the plane stops, or the timeout passes.
     pub fn wait(&self, timeout: Duration) {
-        let events = lock(&self.events);
-        if events.queue.is_empty() && !self.is_stopped() {
-            let _ = self.wakeup.wait_timeout(events, timeout);
-        }
+        self.audit.wait(timeout, || self.is_stopped());
     }
 
     /// The counts made since the last take, zeroed.
     pub fn take_stats(&self) -> Stats {
-        let c = &self.counters;
-        let mut stats = Stats::default();
-        for s in 0..2 {
-            for (out, n) in stats.results[s].iter_mut().zip(&c.results[s]) {
-                *out = n.swap(0, Ordering::Relaxed);
-            }
-            for (out, n) in stats.buckets[s].iter_mut().zip(&c.buckets[s]) {
-                *out = n.swap(0, Ordering::Relaxed);
-            }
-            stats.seconds[s] = c.nanos[s].swap(0, Ordering::Relaxed) as f64 * 1e-9;
-        }
-        stats.panics = c.panics.swap(0, Ordering::Relaxed);
-        stats.refusals = std::mem::take(&mut *lock(&self.refusals));
+        let mut stats = self.counters.take();
+        stats.refusals = self.audit.take_refusals();
         stats.calls = std::mem::take(&mut *lock(&self.removed_calls));
         for running in lock(&self.targets).iter() {
             let n = running.target.calls.swap(0, Ordering::SeqCst);
@@ -320,9 +239,7 @@ impl Plane {
     }
 
     pub fn drain_events(&self) -> (Vec<Refused>, u64) {
-        let mut events = lock(&self.events);
-        let dropped = std::mem::take(&mut events.dropped);
-        (events.queue.drain(..).collect(), dropped)
+        self.audit.drain()
     }
 
     fn serve(&self, target: &Target, k: usize) {
@@ -399,7 +316,7 @@ impl Plane {
         let (outcome, panicked) = match guarded(work) {
             Some(outcome) => (outcome, false),
             None => {
-                self.counters.panics.fetch_add(1, Ordering::Relaxed);
+                self.counters.panicked();
                 (err(libc::EIO), true)
             }
         };
@@ -417,7 +334,8 @@ impl Plane {
                 if base.is_some_and(|b| b.settle().is_err()) {
                     let resp = abi::encode_response(notif.id, 0, libc::EIO);
                     let _ = sys::notif_send(target.listener.as_fd(), &resp);
-                    self.record(target, syscall, libc::EIO as usize, start);
+                    self.counters
+                        .record(target, syscall, libc::EIO as usize, start);
                     return Ok(());
                 }
                 let _serial = lock(&target.fallback_lock);
@@ -437,17 +355,18 @@ impl Plane {
                         sys::notif_id_valid(target.listener.as_fd(), notif.id),
                         Ok(true)
                     ) {
-                        self.record(target, syscall, GONE, start);
+                        self.counters.record(target, syscall, GONE, start);
                         return Ok(());
                     }
-                    self.refused(target, syscall, errno, reason, notif.pid);
+                    self.audit
+                        .refused(target, syscall, errno, reason, notif.pid);
                 }
                 let resp = abi::encode_response(notif.id, 0, errno);
                 let _ = sys::notif_send(target.listener.as_fd(), &resp);
                 (errno as usize).min(MAX_ERRNO)
             }
         };
-        self.record(target, syscall, result, start);
+        self.counters.record(target, syscall, result, start);
         if panicked { Err(()) } else { Ok(()) }
     }
 
@@ -498,75 +417,6 @@ impl Plane {
             None => Outcome::Defer,
         }
     }
-
-    fn record(&self, target: &Target, syscall: usize, result: usize, start: Instant) {
-        let elapsed = start.elapsed();
-        let seconds = elapsed.as_secs_f64();
-        let bucket = self
-            .config
-            .buckets
-            .iter()
-            .position(|&b| seconds <= b)
-            .unwrap_or(BUCKETS);
-        let c = &self.counters;
-        c.results[syscall][result].fetch_add(1, Ordering::Relaxed);
-        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        c.nanos[syscall].fetch_add(nanos, Ordering::Relaxed);
-        c.buckets[syscall][bucket].fetch_add(1, Ordering::Relaxed);
-        target.calls.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn refused(&self, target: &Target, syscall: usize, errno: i32, reason: &'static str, tid: u32) {
-        {
-            let mut refusals = lock(&self.refusals);
-            match refusals.iter_mut().find(|(r, _)| *r == reason) {
-                Some((_, n)) => *n += 1,
-                None => refusals.push((reason, 1)),
-            }
-        }
-        let event = Refused {
-            syscall,
-            errno,
-            reason,
-            tid,
-            tgid: read_tgid(tid),
-            target_id: target.id,
-        };
-        let mut events = lock(&self.events);
-        if events.queue.len() >= MAX_EVENTS {
-            events.queue.pop_front();
-            events.dropped += 1;
-        }
-        events.queue.push_back(event);
-        self.wakeup.notify_all();
-    }
-}
-
-impl Plane {
-    /// TargetThread.take_fd(check=False): a duplicate of the target's fd through a cached
-    /// pidfd of the calling thread (proved alive by the getfd itself) or a new one.
-    fn take_fd(&self, target: &Target, n: &Notification, fd: i32) -> Result<OwnedFd, Outcome> {
-        let mut cache = lock(&target.threads);
-        if let Some(e) = cache.get(n.pid) {
-            match sys::pidfd_getfd(e.pidfd.as_fd(), fd) {
-                Ok(ours) => return Ok(ours),
-                Err(err) if sys::pidfd_alive(e.pidfd.as_fd()) => {
-                    return Err(getfd_error(target, n, err));
-                }
-                Err(_) => {
-                    cache.forget(n.pid); // its thread died; the TID names a new one
-                }
-            }
-        }
-        let pidfd = match sys::pidfd_open(n.pid as i32, sys::PIDFD_THREAD) {
-            Ok(p) => p,
-            Err(libc::EINVAL) => return Err(Outcome::Defer), // a kernel before 6.9
-            Err(e) => return Err(resource_or_gone(target, n, e)),
-        };
-        let ours = sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| getfd_error(target, n, e))?;
-        remember(&mut cache, n.pid, pidfd, None);
-        Ok(ours)
-    }
 }
 
 /// Run a call's work, catching a panic (None): the thread survives to answer the call and
@@ -574,77 +424,6 @@ impl Plane {
 /// guard (creds::ActingAs) switches back as it unwinds.
 fn guarded<T>(work: impl FnOnce() -> T) -> Option<T> {
     catch_unwind(AssertUnwindSafe(work)).ok()
-}
-
-/// getname(): a NUL-terminated path of at most PATH_MAX bytes with the NUL, read as
-/// TargetThread.read_path (the first page first, where almost every path ends): its length
-/// without the NUL (which buf holds at that index).
-fn read_path(tid: i32, addr: u64, buf: &mut [u8; PATH_MAX]) -> Result<usize, Outcome> {
-    const PAGE: u64 = crate::abi::PAGE_SIZE;
-    if addr == 0 {
-        return Err(err(libc::EFAULT));
-    }
-    let read = |at: u64, into: &mut [u8]| match sys::read_target(tid, at, into) {
-        Ok(got) => Ok(got),
-        Err(libc::ESRCH) => Err(Outcome::Gone),
-        Err(_) => Err(err(libc::EIO)),
-    };
-    let first = (PATH_MAX as u64).min(PAGE - addr % PAGE) as usize;
-    let got = read(addr, &mut buf[..first])?;
-    if let Some(nul) = buf[..got].iter().position(|&b| b == 0) {
-        return Ok(nul);
-    }
-    if got < first {
-        return Err(err(libc::EFAULT));
-    }
-    let after = u128::from(addr) + first as u128;
-    let rest = ((PATH_MAX - first) as u128).min((1u128 << 64) - after) as usize;
-    let got = if rest == 0 {
-        0
-    } else {
-        read(after as u64, &mut buf[first..first + rest])?
-    };
-    let total = first + got;
-    match buf[..total].iter().position(|&b| b == 0) {
-        Some(nul) => Ok(nul),
-        None if total < PATH_MAX => Err(err(libc::EFAULT)),
-        None => Err(err(libc::ENAMETOOLONG)),
-    }
-}
-
-/// TargetThread.write: ID_VALID, then one process_vm_writev of the chunks that have a
-/// plausible address; EFAULT unless every byte landed.
-fn write(target: &Target, n: &Notification, chunks: &[(u64, &[u8])]) -> Result<(), Outcome> {
-    match sys::notif_id_valid(target.listener.as_fd(), n.id) {
-        Ok(true) => {}
-        _ => return Err(Outcome::Gone),
-    }
-    let mut writable = 0;
-    let mut expected = 0;
-    for (addr, data) in chunks {
-        if *addr == 0 || addr.checked_add(data.len() as u64).is_none() {
-            break;
-        }
-        writable += 1;
-        expected += data.len();
-    }
-    let written = if writable == 0 {
-        Ok(0)
-    } else {
-        sys::write_target(n.pid as i32, &chunks[..writable])
-    };
-    match written {
-        Ok(count) if count == expected && writable == chunks.len() => Ok(()),
-        Ok(_) => Err(err(libc::EFAULT)),
-        Err(libc::ESRCH) => Err(Outcome::Gone),
-        Err(_) => Err(err(libc::EIO)),
-    }
-}
-
-fn read_tgid(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("Tgid:"))?;
-    line["Tgid:".len()..].trim().parse().ok()
 }
 
 /// Tell a target's threads to stop and wait for each (re-sending the wake signal: one
@@ -662,69 +441,6 @@ fn stop_threads(target: &Target, threads: Vec<JoinHandle<()>>) {
             std::thread::sleep(Duration::from_micros(200));
         }
         let _ = handle.join();
-    }
-}
-
-/// No task uses the target's filter any more (poll reports POLLHUP).
-fn listener_hung_up(target: &Target) -> bool {
-    let mut fds = [libc::pollfd {
-        fd: std::os::fd::AsRawFd::as_raw_fd(&target.listener),
-        events: 0,
-        revents: 0,
-    }];
-    matches!(sys::poll_many(&mut fds, 0), Ok(n) if n > 0)
-        && fds[0].revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
-}
-
-/// One thread for every target's hang-up: poll(events = 0) reports POLLHUP once no task
-/// uses a filter; each is reported once, then left to remove(). It also sweeps the thread
-/// caches.
-fn watch_hangups(plane: std::sync::Weak<Plane>) {
-    sys::block_signals_but_wake();
-    let mut fds: Vec<libc::pollfd> = Vec::new();
-    let mut ids: Vec<(u64, Arc<Target>)> = Vec::new();
-    let mut swept = Instant::now();
-    loop {
-        let Some(p) = plane.upgrade() else { return };
-        if p.is_stopped() {
-            return;
-        }
-        if swept.elapsed() >= Duration::from_secs(1) {
-            // forget exited threads' pidfds once a second (ThreadCache.sweep)
-            swept = Instant::now();
-            for running in lock(&p.targets).iter() {
-                lock(&running.target.threads).sweep();
-            }
-        }
-        fds.clear();
-        ids.clear();
-        for running in lock(&p.targets).iter() {
-            if !running.target.hung_up.load(Ordering::SeqCst) {
-                ids.push((running.target.id, Arc::clone(&running.target)));
-            }
-        }
-        for (_, t) in &ids {
-            fds.push(libc::pollfd {
-                fd: std::os::fd::AsRawFd::as_raw_fd(&t.listener),
-                events: 0,
-                revents: 0,
-            });
-        }
-        drop(p);
-        // a short timeout picks up targets added meanwhile
-        let ready = sys::poll_many(&mut fds, 20).unwrap_or(0);
-        if ready == 0 {
-            continue;
-        }
-        let Some(p) = plane.upgrade() else { return };
-        for (i, pfd) in fds.iter().enumerate() {
-            if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
-                let (id, target) = &ids[i];
-                if !target.hung_up.swap(true, Ordering::SeqCst) {
-                    (p.hang_up)(*id);
-                }
-            }
-        }
     }
 }
 

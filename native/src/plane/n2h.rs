@@ -171,18 +171,18 @@ impl Plane {
         use crate::abi::{RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
         let mut resolve_flags = RESOLVE_NO_MAGICLINKS;
         let start = if path.first() == Some(&b'/') {
-            let root = self.open_proc_link(target, n, b"root")?;
+            let root = open_proc_link(target, n, b"root")?;
             if !self.same_root_as_ours(root.as_fd()) {
                 resolve_flags |= RESOLVE_IN_ROOT;
             }
             root
         } else if dirfd == abi::AT_FDCWD {
-            self.open_proc_link(target, n, b"cwd")?
+            open_proc_link(target, n, b"cwd")?
         } else {
             if dirfd < 0 {
                 return Err(err(libc::EBADF));
             }
-            self.take_fd(target, n, dirfd)?
+            take_fd(target, n, dirfd)?
         };
         if path.len() <= 1 {
             return Ok(start); // the empty path: the start itself
@@ -196,20 +196,6 @@ impl Plane {
         let _acting = ActingAs::full(base, &status.creds).map_err(|_| err(libc::EIO))?;
         sys::openat2(start.as_fd(), cpath, open_flags, resolve_flags)
             .map_err(|e| err(if e == 0 { libc::EINVAL } else { e }))
-    }
-
-    /// TargetThread.open_root/open_cwd: /proc/TID/<link>, then ID_VALID.
-    pub(super) fn open_proc_link(
-        &self,
-        target: &Target,
-        n: &Notification,
-        name: &[u8],
-    ) -> Result<OwnedFd, Outcome> {
-        let fd = sys::open_proc_link(n.pid, name).map_err(|e| resource_or_gone(target, n, e))?;
-        if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
-            return Err(Outcome::Gone);
-        }
-        Ok(fd)
     }
 
     /// _same_root_as_ours: the target's root is fhmon's own (same inode and mount).

@@ -128,7 +128,7 @@ impl Plane {
             if let Some(dev) = known_mount_fd(target, n, fd) {
                 return Ok(dev);
             }
-            let ours = self.take_fd(target, n, fd)?;
+            let ours = take_fd(target, n, fd)?;
             match sys::fcntl_getfl(ours.as_fd()) {
                 Ok(fl) if fl & libc::O_PATH != 0 => return Err(err(libc::EBADF)),
                 Ok(_) => {}
