@@ -15,21 +15,19 @@
 //! reference answers EPERM and audits it), other syscalls or architectures (ENOSYS), and
 //! the rare cases noted where they arise (a kernel without PIDFD_THREAD).
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::abi::{self, Notification};
-use crate::creds::{ActingAs, Baseline};
-use crate::handle::{self, MAX_HANDLE_SZ, MAX_KERNEL_HANDLE_SIZE};
+use crate::abi;
+use crate::creds::Baseline;
 use crate::mac::KeyRing;
-use crate::policy::{self, PATH_MAX};
-use crate::status::Status;
 use crate::sys::{self, Errno};
 
+mod answer;
+mod call;
 mod caller;
 mod hangups;
 mod n2h;
@@ -41,30 +39,16 @@ mod target;
 mod target_thread;
 mod thread_cache;
 
+use answer::Answerer;
 use hangups::{listener_hung_up, watch_hangups};
-use stats::{Audit, Counters};
-use target_thread::{open_proc_link, read_path, take_fd, write};
-
-use outcome::{Outcome, err, resource_or_gone};
 use spare::{Spare, lock, take_work};
 use target::Target;
-use thread_cache::remember;
 
+pub use answer::Fallback;
 pub use stats::{BUCKETS, GONE, MAX_ERRNO, Refused, SYSCALLS, Stats};
 pub use target::Share;
 pub use thread_cache::PIDFD_CACHE;
 
-/// errnos whose refusal with a reason is audited (monitor/plane/audit.py _POLICY_ERRNOS)
-const POLICY_ERRNOS: [i32; 5] = [
-    libc::EACCES,
-    libc::ESTALE,
-    libc::EOPNOTSUPP,
-    libc::ENOSYS,
-    libc::ELOOP,
-];
-
-/// A call the Python reference answers instead (target id, the raw notification).
-pub type Fallback = dyn Fn(u64, &[u8; abi::SECCOMP_NOTIF_SIZE]) + Send + Sync;
 /// Told (once) that a target's filter has no task left.
 pub type HangUp = dyn Fn(u64) + Send + Sync;
 
@@ -90,43 +74,32 @@ struct Running {
 
 pub struct Plane {
     config: Config,
-    keys: RwLock<Option<Arc<KeyRing>>>,
+    answerer: Answerer,
     targets: Mutex<Vec<Running>>,
-    counters: Counters,
-    audit: Audit,
     /// native call counts of targets removed since the last take_stats
     removed_calls: Mutex<Vec<(u64, u64)>>,
-    /// test hook (monitor._native.Plane.panic_next_calls): this many coming calls panic in their work
-    panic_next: AtomicU64,
     stopped: AtomicBool,
-    fallback: Box<Fallback>,
     hang_up: Box<HangUp>,
     watcher: Mutex<Option<JoinHandle<()>>>,
-    /// fhmon's own root: (st_dev, st_ino, unique mount id)
-    our_root: Option<(u64, u64, u64)>,
 }
 
 impl Plane {
     pub fn new(config: Config, fallback: Box<Fallback>, hang_up: Box<HangUp>) -> Arc<Plane> {
         let _ = sys::install_wake_handler();
-        let counters = Counters::new(config.buckets);
+        let answerer = Answerer::new(
+            config.accepted_flags,
+            config.signing,
+            config.buckets,
+            fallback,
+        );
         let plane = Arc::new(Plane {
             config,
-            keys: RwLock::new(None),
+            answerer,
             targets: Mutex::new(Vec::new()),
-            counters,
-            audit: Audit::new(),
             removed_calls: Mutex::new(Vec::new()),
-            panic_next: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
-            fallback,
             hang_up,
             watcher: Mutex::new(None),
-            our_root: sys::open_path(c"/").ok().and_then(|fd| {
-                let (dev, ino) = sys::fstat_dev_ino(fd.as_fd()).ok()?;
-                let (_, mnt) = sys::statx_mode_mount(fd.as_fd()).ok()?;
-                Some((dev, ino, mnt))
-            }),
         });
         let weak = Arc::downgrade(&plane);
         let watcher = std::thread::Builder::new()
@@ -139,11 +112,7 @@ impl Plane {
     }
 
     pub fn set_keys(&self, ring: Arc<KeyRing>) {
-        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Some(ring);
-    }
-
-    fn keys(&self) -> Option<Arc<KeyRing>> {
-        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.answerer.settings.set_keys(ring);
     }
 
     /// Serve a target's listener (the plane owns the fds passed in).
@@ -203,7 +172,7 @@ impl Plane {
         for running in all {
             stop_threads(&running.target, running.threads);
         }
-        self.audit.wake_all();
+        self.answerer.audit.wake_all();
         if let Some(watcher) = lock(&self.watcher).take() {
             let _ = watcher.join();
         }
@@ -215,13 +184,13 @@ impl Plane {
 
     /// Wait until refusals are queued, the plane stops, or the timeout passes.
     pub fn wait(&self, timeout: Duration) {
-        self.audit.wait(timeout, || self.is_stopped());
+        self.answerer.audit.wait(timeout, || self.is_stopped());
     }
 
     /// The counts made since the last take, zeroed.
     pub fn take_stats(&self) -> Stats {
-        let mut stats = self.counters.take();
-        stats.refusals = self.audit.take_refusals();
+        let mut stats = self.answerer.counters.take();
+        stats.refusals = self.answerer.audit.take_refusals();
         stats.calls = std::mem::take(&mut *lock(&self.removed_calls));
         for running in lock(&self.targets).iter() {
             let n = running.target.calls.swap(0, Ordering::SeqCst);
@@ -235,11 +204,11 @@ impl Plane {
     /// Test hook: the next `n` calls answered natively panic inside their work (each must
     /// be answered EIO and counted, and its thread keep serving).
     pub fn panic_next_calls(&self, n: u64) {
-        self.panic_next.store(n, Ordering::SeqCst);
+        self.answerer.panic_next_calls(n);
     }
 
     pub fn drain_events(&self) -> (Vec<Refused>, u64) {
-        self.audit.drain()
+        self.answerer.audit.drain()
     }
 
     fn serve(&self, target: &Target, k: usize) {
@@ -268,7 +237,9 @@ impl Plane {
             }
             let start = Instant::now();
             let working = self.config.auto_threads.then(|| take_work(&target.work));
-            let answered = self.answer(target, &raw, base.as_ref(), start, working);
+            let answered = self
+                .answerer
+                .answer(target, &raw, base.as_ref(), start, working);
             if answered.is_err() {
                 // a panic: serve on only with the credentials the thread started with
                 if base
@@ -285,145 +256,6 @@ impl Plane {
             }
         }
     }
-
-    /// One call: its work under catch_unwind (a panic answers it EIO, as the reference's
-    /// registry does when a handler raises, and is counted); Err(()) after a panic.
-    fn answer(
-        &self,
-        target: &Target,
-        raw: &[u8; abi::SECCOMP_NOTIF_SIZE],
-        base: Option<&Baseline>,
-        start: Instant,
-        mut working: Option<std::sync::MutexGuard<'_, ()>>,
-    ) -> Result<(), ()> {
-        let notif = Notification::parse(raw);
-        let syscall = match (notif.arch, notif.nr) {
-            (abi::AUDIT_ARCH_X86_64, abi::SYS_NAME_TO_HANDLE_AT) => Some(0),
-            (abi::AUDIT_ARCH_X86_64, abi::SYS_OPEN_BY_HANDLE_AT) if base.is_some() => Some(1),
-            _ => None,
-        };
-        let work = || {
-            if self.panic_next.load(Ordering::Relaxed) > 0
-                && self
-                    .panic_next
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                    .is_ok()
-            {
-                panic!("injected by the test hook Plane.panic_next_calls");
-            }
-            self.outcome(target, &notif, syscall, base)
-        };
-        let (outcome, panicked) = match guarded(work) {
-            Some(outcome) => (outcome, false),
-            None => {
-                self.counters.panicked();
-                (err(libc::EIO), true)
-            }
-        };
-        let syscall = syscall.unwrap_or(0);
-        if !matches!(outcome, Outcome::Defer) {
-            // the work is done: the answer is the target's to wait for, not the plane's
-            // CPU, and holding the lock over it made the other thread, woken by the
-            // target's next call, wait for this one (n2h p50 9.6 against 6.3 us)
-            working.take();
-        }
-        let result = match outcome {
-            Outcome::Defer => {
-                // Python code runs on this thread next: with the thread's own fsgid and
-                // groups (creds.rs Lingering), never a target's
-                if base.is_some_and(|b| b.settle().is_err()) {
-                    let resp = abi::encode_response(notif.id, 0, libc::EIO);
-                    let _ = sys::notif_send(target.listener.as_fd(), &resp);
-                    self.counters
-                        .record(target, syscall, libc::EIO as usize, start);
-                    return Ok(());
-                }
-                let _serial = lock(&target.fallback_lock);
-                (self.fallback)(target.id, raw);
-                return Ok(()); // the Python reference counts its own calls
-            }
-            Outcome::Gone => GONE,
-            Outcome::Inject(fd, newfd_flags) => self.inject(target, &notif, fd, newfd_flags),
-            Outcome::Return(val) => {
-                let resp = abi::encode_response(notif.id, val, 0);
-                let _ = sys::notif_send(target.listener.as_fd(), &resp);
-                0
-            }
-            Outcome::Error(errno, reason) => {
-                if let Some(reason) = reason.filter(|_| POLICY_ERRNOS.contains(&errno)) {
-                    if !matches!(
-                        sys::notif_id_valid(target.listener.as_fd(), notif.id),
-                        Ok(true)
-                    ) {
-                        self.counters.record(target, syscall, GONE, start);
-                        return Ok(());
-                    }
-                    self.audit
-                        .refused(target, syscall, errno, reason, notif.pid);
-                }
-                let resp = abi::encode_response(notif.id, 0, errno);
-                let _ = sys::notif_send(target.listener.as_fd(), &resp);
-                (errno as usize).min(MAX_ERRNO)
-            }
-        };
-        self.counters.record(target, syscall, result, start);
-        if panicked { Err(()) } else { Ok(()) }
-    }
-
-    /// ADDFD|SEND: the fd lands in the target and the call returns its number, atomically.
-    fn inject(&self, target: &Target, n: &Notification, fd: OwnedFd, newfd_flags: u32) -> usize {
-        let addfd = abi::encode_addfd(
-            n.id,
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            newfd_flags,
-            abi::SECCOMP_ADDFD_FLAG_SEND,
-        );
-        // no signal may interrupt ADDFD|SEND once the kernel marked the call answered
-        let mask = sys::block_all_signals();
-        let added = sys::notif_addfd(target.listener.as_fd(), &addfd);
-        sys::restore_signals(&mask);
-        drop(fd);
-        match added {
-            Ok(_) => 0,
-            Err(libc::ENOENT) => GONE,
-            Err(e) => {
-                // e.g. EMFILE in the target: the call still waits for an answer
-                let resp = abi::encode_response(n.id, 0, e);
-                let _ = sys::notif_send(target.listener.as_fd(), &resp);
-                (e as usize).min(MAX_ERRNO)
-            }
-        }
-    }
-
-    /// What to answer: the uid check, then the handler (None: not one of ours).
-    fn outcome(
-        &self,
-        target: &Target,
-        notif: &Notification,
-        syscall: Option<usize>,
-        base: Option<&Baseline>,
-    ) -> Outcome {
-        let mut status = None;
-        match syscall {
-            Some(which) => match self.owned_by_peer(target, notif, &mut status) {
-                Ok(true) if which == 0 => self.name_to_handle_at(target, notif, base, &mut status),
-                Ok(true) => match base {
-                    Some(base) => self.open_by_handle_at(target, notif, base, &mut status),
-                    None => Outcome::Defer,
-                },
-                Ok(false) => Outcome::Defer, // the reference refuses it (EPERM + audit)
-                Err(outcome) => outcome,
-            },
-            None => Outcome::Defer,
-        }
-    }
-}
-
-/// Run a call's work, catching a panic (None): the thread survives to answer the call and
-/// the next ones. Locks a panic leaves poisoned are taken over by lock(); the credentials
-/// guard (creds::ActingAs) switches back as it unwinds.
-fn guarded<T>(work: impl FnOnce() -> T) -> Option<T> {
-    catch_unwind(AssertUnwindSafe(work)).ok()
 }
 
 /// Tell a target's threads to stop and wait for each (re-sending the wake signal: one
@@ -441,21 +273,5 @@ fn stop_threads(target: &Target, threads: Vec<JoinHandle<()>>) {
             std::thread::sleep(Duration::from_micros(200));
         }
         let _ = handle.join();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_panic_in_the_work_is_caught_and_the_next_call_runs() {
-        let quiet = std::panic::take_hook();
-        std::panic::set_hook(Box::new(|_| {}));
-        let first = guarded(|| -> i32 { panic!("a handler bug") });
-        let second = guarded(|| 7);
-        std::panic::set_hook(quiet);
-        assert!(first.is_none());
-        assert_eq!(second, Some(7));
     }
 }

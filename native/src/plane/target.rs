@@ -9,8 +9,7 @@ use std::sync::{Condvar, Mutex};
 use crate::mac::ShareId;
 use crate::policy::{ShareFacts, ShareRoot};
 
-use super::obh::MountFdMemo;
-use super::thread_cache::ThreadCache;
+use super::thread_cache::{MountFdMemo, ThreadCache};
 
 pub struct Share {
     /// signing.share_id_from_handle of the root, computed by Python at registration
@@ -39,7 +38,7 @@ pub(super) struct Target {
     pub(super) stopping: AtomicBool,
     pub(super) hung_up: AtomicBool,
     pub(super) threads: Mutex<ThreadCache>,
-    /// the target's last mount_fd on the share's filesystem (obh.rs known_mount_fd)
+    /// the target's last mount_fd on the share's filesystem (target_thread.rs known_mount_fd)
     pub(super) mount_fd: Mutex<Option<MountFdMemo>>,
     /// held while the Python reference answers one of its calls: one at a time
     pub(super) fallback_lock: Mutex<()>,

@@ -1,7 +1,8 @@
 //! The calling thread as the handlers reach it: its memory (getname's path, what is
-//! written back), its fds (through the thread cache's pidfd), its /proc links. Everything
-//! read from a target is untrusted and can change under us, and a TID may name another
-//! thread once the caller died: ID_VALID comes before what is read has an effect.
+//! written back), its fds (through the thread cache's pidfd; the last mount_fd), its /proc
+//! links. Everything read from a target is untrusted and can change under us, and a TID
+//! may name another thread once the caller died: ID_VALID comes before what is read has
+//! an effect.
 //!
 //! Reference: monitor/plane/target_thread.py TargetThread.
 
@@ -14,7 +15,7 @@ use crate::sys;
 use super::outcome::{Outcome, err, getfd_error, resource_or_gone};
 use super::spare::lock;
 use super::target::Target;
-use super::thread_cache::remember;
+use super::thread_cache::{MountFdMemo, remember};
 
 /// TargetThread.take_fd(check=False): a duplicate of the target's fd through a cached
 /// pidfd of the calling thread (proved alive by the getfd itself) or a new one.
@@ -52,6 +53,28 @@ pub(super) fn open_proc_link(
         return Err(Outcome::Gone);
     }
     Ok(fd)
+}
+
+/// TargetThread.known_mount_fd: the st_dev of the target's fd `fd` if it is still the open
+/// file remembered (one kcmp, made under the lock so that the duplicate stays open), else
+/// None. Like take_fd, it proves nothing about the notification: ADDFD validates it.
+pub(super) fn known_mount_fd(target: &Target, n: &Notification, fd: i32) -> Option<u64> {
+    let memo = lock(&target.mount_fd);
+    let known = memo.as_ref()?;
+    let same =
+        known.fd == fd && sys::is_open_file_of(n.pid as i32, fd, known.our_pid, known.ours.as_fd());
+    same.then_some(known.dev)
+}
+
+/// TargetThread.remember_mount_fd: keep `ours`, our duplicate of the target's fd `fd` on
+/// st_dev `dev`, for known_mount_fd (the previous duplicate is closed here).
+pub(super) fn remember_mount_fd(target: &Target, fd: i32, ours: OwnedFd, dev: u64) {
+    *lock(&target.mount_fd) = Some(MountFdMemo {
+        fd,
+        ours,
+        dev,
+        our_pid: std::process::id() as i32,
+    });
 }
 
 /// getname(): a NUL-terminated path of at most PATH_MAX bytes with the NUL, read as

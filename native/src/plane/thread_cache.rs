@@ -1,8 +1,9 @@
-//! Per target: each calling thread's pidfd and, while they cannot change, its credentials;
-//! saves a pidfd_open and a /proc read per call. A TID names the same thread for as long as
-//! it lives, so an entry whose pidfd's thread still lives names the notifying thread; every
-//! use of an entry's pidfd happens under the cache's lock, since the once-a-second sweep
-//! (plane/hangups.rs) closes the pidfds of threads that exited.
+//! Per target: each calling thread's pidfd and, while they cannot change, its credentials
+//! (saves a pidfd_open and a /proc read per call), and the target's last mount_fd
+//! (`MountFdMemo`). A TID names the same thread for as long as it lives, so an entry whose
+//! pidfd's thread still lives names the notifying thread; every use of an entry's pidfd
+//! happens under the cache's lock, since the once-a-second sweep (plane/hangups.rs) closes
+//! the pidfds of threads that exited.
 //!
 //! Reference: monitor/plane/thread_cache.py ThreadCache.
 
@@ -67,6 +68,19 @@ impl ThreadCache {
     fn retain(&mut self, mut keep: impl FnMut(&ThreadEntry) -> bool) {
         self.entries.retain(|_, e| keep(e));
     }
+}
+
+/// The target's last mount_fd (its number, our duplicate, its st_dev; our pid for kcmp),
+/// as the reference's ThreadCache.mount_fd: virtiofsd passes the same mount_fd to every
+/// open_by_handle_at, and an open file's st_dev and O_PATH-ness never change, so one kcmp
+/// that finds the target's fd still that open file answers what pidfd_getfd, F_GETFL,
+/// fstat and close would. Only fds on the share's filesystem are kept (their last close,
+/// once the target closed its copy, cannot linger the way a socket's can).
+pub(super) struct MountFdMemo {
+    pub(super) fd: i32,
+    pub(super) ours: OwnedFd,
+    pub(super) dev: u64,
+    pub(super) our_pid: i32,
 }
 
 /// Cache a thread's pidfd. A full cache takes no new entry (the pidfd is closed when it
