@@ -203,6 +203,7 @@ impl Plane {
 
     /// Test hook: the next `n` calls answered natively panic inside their work (each must
     /// be answered EIO and counted, and its thread keep serving).
+    #[cfg(feature = "test-hooks")]
     pub fn panic_next_calls(&self, n: u64) {
         self.answerer.panic_next_calls(n);
     }

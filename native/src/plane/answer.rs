@@ -10,6 +10,7 @@
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::MutexGuard;
+#[cfg(feature = "test-hooks")]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -44,6 +45,7 @@ pub(super) struct Answerer {
     pub(super) audit: Audit,
     fallback: Box<Fallback>,
     /// test hook (monitor._native.Plane.panic_next_calls): this many coming calls panic in their work
+    #[cfg(feature = "test-hooks")]
     panic_next: AtomicU64,
 }
 
@@ -59,13 +61,28 @@ impl Answerer {
             counters: Counters::new(buckets),
             audit: Audit::new(),
             fallback,
+            #[cfg(feature = "test-hooks")]
             panic_next: AtomicU64::new(0),
         }
     }
 
     /// Test hook: the next `n` calls answered natively panic inside their work.
+    #[cfg(feature = "test-hooks")]
     pub(super) fn panic_next_calls(&self, n: u64) {
         self.panic_next.store(n, Ordering::SeqCst);
+    }
+
+    /// The test hook's panic, inside a call's work, while panic_next_calls asks for one.
+    #[cfg(feature = "test-hooks")]
+    fn panic_if_asked(&self) {
+        if self.panic_next.load(Ordering::Relaxed) > 0
+            && self
+                .panic_next
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            panic!("injected by the test hook Plane.panic_next_calls");
+        }
     }
 
     /// One call: its work under catch_unwind (a panic answers it EIO, as the reference's
@@ -85,14 +102,8 @@ impl Answerer {
             _ => None,
         };
         let work = || {
-            if self.panic_next.load(Ordering::Relaxed) > 0
-                && self
-                    .panic_next
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                    .is_ok()
-            {
-                panic!("injected by the test hook Plane.panic_next_calls");
-            }
+            #[cfg(feature = "test-hooks")]
+            self.panic_if_asked();
             outcome(
                 &mut Call::new(target, &notif, base, &self.settings),
                 syscall,
