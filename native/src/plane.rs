@@ -14,6 +14,15 @@
 //! and Answerer's uid check. What still goes to the fallback: another uid's call (the
 //! reference answers EPERM and audits it), other syscalls or architectures (ENOSYS), and
 //! the rare cases noted where they arise (a kernel without PIDFD_THREAD).
+//!
+//! This file keeps the plane's lifecycle (new, add, remove, stop) and each thread's serve
+//! loop. One call then reads down the folder, never back up: plane/answer.rs (Answerer:
+//! the work under catch_unwind, the one place that answers) -> plane/call.rs (Call, the
+//! call's context) -> the uid check (plane/caller.rs) and the handler (plane/n2h.rs,
+//! plane/obh.rs) -> what they use: plane/target_thread.rs (the caller's memory, fds and
+//! /proc links), plane/thread_cache.rs, plane/outcome.rs (Outcome and its errno rules).
+//! Beside them: plane/target.rs (one target's state), plane/stats.rs (counters, audit
+//! events), plane/spare.rs (Spare, the work lock), plane/hangups.rs (the hang-up watcher).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -72,6 +81,8 @@ struct Running {
     threads: Vec<JoinHandle<()>>,
 }
 
+/// The native plane: its targets and their threads, the answerer they share, and the
+/// hang-up watcher.
 pub struct Plane {
     config: Config,
     answerer: Answerer,

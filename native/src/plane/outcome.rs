@@ -21,7 +21,7 @@ pub(super) enum Outcome {
     Error(i32, Option<&'static str>),
     /// the caller went away: nothing is answered, the call is counted "gone"
     Gone,
-    /// answered by the Python reference instead (plane.rs Fallback)
+    /// answered by the Python reference instead (answer.rs Fallback)
     Defer,
 }
 

@@ -1,7 +1,7 @@
 //! How a target's threads share its CPU under data_plane_threads = "auto": the second
 //! reader that parks while confined to one CPU (`Spare`), the work lock a thread holds
-//! while it works on a call (`take_work`), and `lock`, the one way the plane takes a mutex
-//! (a lock a caught panic left poisoned is taken over, not a second panic).
+//! while it works on a call (`take_work`), and `lock`, how the plane takes its mutexes (one
+//! that a caught panic left poisoned is taken over, not a second panic).
 
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! What the plane counts and tells Python: per syscall, each call's result and latency
 //! (`Counters`, lock-free), and the refusals for the audit log (`Audit`: counted by reason
 //! and queued as events); `Stats` is what take_stats hands over. The reference counts the
-//! same in monitor/metrics.py and writes the refusals in monitor/plane/audit.py.
+//! same in monitor/metrics.py CallStats and writes the refusals in monitor/plane/audit.py.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,6 +1,7 @@
 //! One target as the plane serves it: its listener and share, who registered it, and what
 //! its calls share (the thread cache, the last mount_fd, the locks that serialise its
-//! fallback calls and, under "auto", its work). Only this target's threads use it.
+//! fallback calls and, under "auto", its work). Its calls are answered by its own threads
+//! alone; the hang-up watcher polls its listener and sweeps its thread cache.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64};

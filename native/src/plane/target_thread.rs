@@ -1,8 +1,8 @@
 //! The calling thread as the handlers reach it: its memory (getname's path, what is
 //! written back), its fds (through the thread cache's pidfd; the last mount_fd), its /proc
 //! links. Everything read from a target is untrusted and can change under us, and a TID
-//! may name another thread once the caller died: ID_VALID comes before what is read has
-//! an effect.
+//! may name another thread once the caller died: an ID_VALID (or the ADDFD|SEND, which
+//! validates by itself) proves the caller still waits before what was read has an effect.
 //!
 //! Reference: monitor/plane/target_thread.py TargetThread.
 

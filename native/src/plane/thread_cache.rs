@@ -86,7 +86,8 @@ pub(super) struct MountFdMemo {
 /// Cache a thread's pidfd. A full cache takes no new entry (the pidfd is closed when it
 /// drops): it never probes its entries on a put, which made every call of a target with
 /// thousands of threads cost a pidfd_alive per cached thread (a neighbour's p50 went 12x,
-/// bench/thread_cache.py; as the reference's ThreadCache.put); the once-a-second sweep makes room when threads exit.
+/// bench/thread_cache.py; as the reference's ThreadCache.put); the once-a-second sweep
+/// makes room when threads exit.
 pub(super) fn remember(
     cache: &mut ThreadCache,
     tid: u32,
