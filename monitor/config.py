@@ -47,7 +47,7 @@ class Config:
     # who answers the calls: "native" (the Rust plane, monitor/dataplane.py) or "python"
     # (monitor/handlers, the reference it is tested against); data_plane_threads native
     # threads per target: "auto" is 2, the second reading only while it may run on another
-    # CPU than the first (native/src/plane.rs Spare; docs/performance.md), or a number
+    # CPU than the first (native/src/plane/spare.rs Spare; docs/performance.md), or a number
     data_plane: str = "native"
     data_plane_threads: int | str = "auto"
 

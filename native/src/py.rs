@@ -301,6 +301,7 @@ impl PyPlane {
 
     /// Test hook: the next `n` natively answered calls panic inside their work; each must
     /// be answered EIO and counted, and its thread must keep serving.
+    #[cfg(feature = "test-hooks")]
     fn panic_next_calls(&self, n: u64) {
         self.plane.panic_next_calls(n);
     }

@@ -2,7 +2,7 @@
 
 A real target (uid 65534 under the real handle filter) makes calls for a few seconds while
 a monitor._native.Plane made in this process serves it with two threads, the second under
-the "auto" rule (native/src/plane.rs Spare). What each thread waits in is read from the
+the "auto" rule (native/src/plane/spare.rs Spare). What each thread waits in is read from the
 kernel (/proc/self/task/TID/syscall): a reader is in ioctl(SECCOMP_IOCTL_NOTIF_RECV), a
 parked spare in futex. Unpinned, both read; with every thread of this process pinned to one
 CPU, the spare parks within its once-a-second look at its affinity; unpinned again, it

@@ -42,7 +42,7 @@ RUST_CONST = re.compile(r"^\s*(?:pub(?:\([a-z]+\))? )?const ([A-Z][A-Z0-9_]*): [
 # abi.rs names that Python spells otherwise (os gives it, or kernel.py has no use for it)
 PYTHON_SPELLING = {"ST_RDONLY": os.ST_RDONLY}
 # fhmon's own names that look like ABI names
-NOT_ABI = {"PIDFD_CACHE"}  # plane.rs: cached thread pidfds per target
+NOT_ABI = {"PIDFD_CACHE"}  # plane/thread_cache.rs: cached thread pidfds per target
 
 
 def _rust_value(expression: str, known: dict[str, int]) -> int:

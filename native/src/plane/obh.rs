@@ -2,234 +2,199 @@
 //! verify the signed handle, check mount_fd, the kernel's open, the share check, the
 //! reopen with the target's credentials, ADDFD|SEND.
 
-use super::*;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-/// The target's last mount_fd (its number, our duplicate, its st_dev; our pid for kcmp),
-/// as the reference's ThreadCache.mount_fd: virtiofsd passes the same mount_fd to every
-/// open_by_handle_at, and an open file's st_dev and O_PATH-ness never change, so one kcmp
-/// that finds the target's fd still that open file answers what pidfd_getfd, F_GETFL,
-/// fstat and close would. Only fds on the share's filesystem are kept (their last close,
-/// once the target closed its copy, cannot linger the way a socket's can).
-pub(super) struct MountFdMemo {
-    fd: i32,
-    ours: OwnedFd,
-    dev: u64,
-    our_pid: i32,
-}
+use crate::abi::{self, Notification};
+use crate::creds::{ActingAs, Baseline};
+use crate::handle::{self, MAX_HANDLE_SZ};
+use crate::policy;
+use crate::sys;
 
-impl Plane {
-    pub(super) fn open_by_handle_at(
-        &self,
-        target: &Target,
-        n: &Notification,
-        base: &Baseline,
-        memo: &mut Option<Arc<Status>>,
-    ) -> Outcome {
-        let tid = n.pid as i32;
-        let mount_fd = abi::arg_int(n.args[0]);
-        let handle_ptr = abi::arg_ptr(n.args[1]);
-        let flags = abi::arg_int(n.args[2]);
+use super::call::Call;
+use super::outcome::{Outcome, err, resource_or_gone};
+use super::target::Target;
+use super::target_thread::{known_mount_fd, remember_mount_fd, take_fd};
 
-        let mut raw = [0u8; handle::HEADER_SIZE + MAX_HANDLE_SZ];
-        let got = if handle_ptr == 0 {
-            0
-        } else {
-            let room = (u64::MAX - handle_ptr + 1).min(raw.len() as u64) as usize;
-            match sys::read_target(tid, handle_ptr, &mut raw[..room]) {
-                Ok(got) => got,
-                Err(libc::ESRCH) => return Outcome::Gone,
-                Err(_) => return err(libc::EIO),
-            }
-        };
-        let (header, f_handle) = match handle::parse_presented(&raw[..got]) {
-            Ok(v) => v,
-            Err(e) => return err(e.errno()),
-        };
-        let mount_dev = match self.mount_fd_device(target, n, mount_fd) {
-            Ok(dev) => dev,
-            Err(outcome) => return outcome,
-        };
-        let kernel_bytes = if self.config.signing {
-            let Some(keys) = self.keys() else {
-                return err(libc::EIO);
-            };
-            match keys.verify(&target.share.share_id, header.handle_type, f_handle) {
-                Some(k) => {
-                    let mut copy = [0u8; MAX_HANDLE_SZ];
-                    copy[..k.len()].copy_from_slice(k);
-                    (copy, k.len())
-                }
-                None => return Outcome::Error(libc::ESTALE, Some("bad or foreign MAC")),
-            }
-        } else {
-            let mut copy = [0u8; MAX_HANDLE_SZ];
-            copy[..f_handle.len()].copy_from_slice(f_handle);
-            (copy, f_handle.len())
-        };
-        if mount_dev != target.share.facts.dev {
-            return Outcome::Error(libc::ESTALE, Some("mount_fd on another filesystem"));
+/// open_by_handle_at(mount_fd, handle, flags) for the call's thread.
+pub(super) fn answer(call: &mut Call, base: &Baseline) -> Outcome {
+    let (target, n) = (call.target, call.notif);
+    let tid = n.pid as i32;
+    let mount_fd = abi::arg_int(n.args[0]);
+    let handle_ptr = abi::arg_ptr(n.args[1]);
+    let flags = abi::arg_int(n.args[2]);
+
+    let mut raw = [0u8; handle::HEADER_SIZE + MAX_HANDLE_SZ];
+    let got = if handle_ptr == 0 {
+        0
+    } else {
+        let room = (u64::MAX - handle_ptr + 1).min(raw.len() as u64) as usize;
+        match sys::read_target(tid, handle_ptr, &mut raw[..room]) {
+            Ok(got) => got,
+            Err(libc::ESRCH) => return Outcome::Gone,
+            Err(_) => return err(libc::EIO),
         }
-        let obj = match sys::open_by_handle_at(
-            target.share.dir_fd.as_fd(),
-            header.handle_type,
-            &kernel_bytes.0[..kernel_bytes.1],
-            libc::O_PATH | libc::O_CLOEXEC,
-        ) {
-            Ok(fd) => fd,
-            Err(0) => return err(libc::ESTALE),
-            Err(e) => return err(e),
-        };
-        let Ok(id) = policy::Identity::of(obj.as_fd()) else {
+    };
+    let (header, f_handle) = match handle::parse_presented(&raw[..got]) {
+        Ok(v) => v,
+        Err(e) => return err(e.errno()),
+    };
+    let mount_dev = match mount_fd_device(target, n, mount_fd) {
+        Ok(dev) => dev,
+        Err(outcome) => return outcome,
+    };
+    let kernel_bytes = if call.settings.signing {
+        let Some(keys) = call.keys() else {
             return err(libc::EIO);
         };
-        let is_dir = id.is_dir();
-        if !(is_dir || id.mode & libc::S_IFMT == libc::S_IFREG) {
-            return Outcome::Error(
-                libc::EACCES,
-                Some("fhmon opens only directories and regular files"),
-            );
+        match keys.verify(&target.share.share_id, header.handle_type, f_handle) {
+            Some(k) => {
+                let mut copy = [0u8; MAX_HANDLE_SZ];
+                copy[..k.len()].copy_from_slice(k);
+                (copy, k.len())
+            }
+            None => return Outcome::Error(libc::ESTALE, Some("bad or foreign MAC")),
         }
-        if let Err(refusal) = policy::check_opened(&target.share.root(), obj.as_fd(), &id) {
-            return Outcome::Error(refusal.errno, refusal.reason);
-        }
-        let opened = match self.reopen_as_target(target, n, base, memo, obj.as_fd(), flags, is_dir)
-        {
-            Ok(fd) => fd,
-            Err(outcome) => return outcome,
-        };
-        drop(obj);
-        let newfd_flags = if flags & abi::O_CLOEXEC != 0 {
-            abi::O_CLOEXEC as u32
-        } else {
-            0
-        };
-        Outcome::Inject(opened, newfd_flags)
+    } else {
+        let mut copy = [0u8; MAX_HANDLE_SZ];
+        copy[..f_handle.len()].copy_from_slice(f_handle);
+        (copy, f_handle.len())
+    };
+    if mount_dev != target.share.facts.dev {
+        return Outcome::Error(libc::ESTALE, Some("mount_fd on another filesystem"));
     }
+    let obj = match sys::open_by_handle_at(
+        target.share.dir_fd.as_fd(),
+        header.handle_type,
+        &kernel_bytes.0[..kernel_bytes.1],
+        libc::O_PATH | libc::O_CLOEXEC,
+    ) {
+        Ok(fd) => fd,
+        Err(0) => return err(libc::ESTALE),
+        Err(e) => return err(e),
+    };
+    let Ok(id) = policy::Identity::of(obj.as_fd()) else {
+        return err(libc::EIO);
+    };
+    let is_dir = id.is_dir();
+    if !(is_dir || id.mode & libc::S_IFMT == libc::S_IFREG) {
+        return Outcome::Error(
+            libc::EACCES,
+            Some("fhmon opens only directories and regular files"),
+        );
+    }
+    if let Err(refusal) = policy::check_opened(&target.share.root(), obj.as_fd(), &id) {
+        return Outcome::Error(refusal.errno, refusal.reason);
+    }
+    let opened = match reopen_as_target(call, base, obj.as_fd(), flags, is_dir) {
+        Ok(fd) => fd,
+        Err(outcome) => return outcome,
+    };
+    drop(obj);
+    let newfd_flags = if flags & abi::O_CLOEXEC != 0 {
+        abi::O_CLOEXEC as u32
+    } else {
+        0
+    };
+    Outcome::Inject(opened, newfd_flags)
+}
 
-    /// _mount_fd_device: EBADF as the kernel gives it (a bad fd, an O_PATH fd), else the
-    /// st_dev of the target's mount_fd (or of its cwd for AT_FDCWD).
-    pub(super) fn mount_fd_device(
-        &self,
-        target: &Target,
-        n: &Notification,
-        fd: i32,
-    ) -> Result<u64, Outcome> {
-        let ours = if fd == abi::AT_FDCWD {
-            let cwd =
-                sys::open_proc_link(n.pid, b"cwd").map_err(|e| resource_or_gone(target, n, e))?;
-            if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
-                return Err(Outcome::Gone);
-            }
-            cwd
-        } else {
-            if fd < 0 {
-                return Err(err(libc::EBADF));
-            }
-            if let Some(dev) = known_mount_fd(target, n, fd) {
-                return Ok(dev);
-            }
-            let ours = self.take_fd(target, n, fd)?;
-            match sys::fcntl_getfl(ours.as_fd()) {
-                Ok(fl) if fl & libc::O_PATH != 0 => return Err(err(libc::EBADF)),
-                Ok(_) => {}
-                Err(_) => return Err(err(libc::EIO)),
-            }
-            let dev = sys::fstat_dev_uid(ours.as_fd())
-                .map(|(dev, _)| dev)
-                .map_err(|_| err(libc::EIO))?;
-            if dev == target.share.facts.dev {
-                // the previous duplicate is closed here: a file on the share's filesystem too
-                *lock(&target.mount_fd) = Some(MountFdMemo {
-                    fd,
-                    ours,
-                    dev,
-                    our_pid: std::process::id() as i32,
-                });
-            }
+/// _mount_fd_device: EBADF as the kernel gives it (a bad fd, an O_PATH fd), else the
+/// st_dev of the target's mount_fd (or of its cwd for AT_FDCWD).
+fn mount_fd_device(target: &Target, n: &Notification, fd: i32) -> Result<u64, Outcome> {
+    let ours = if fd == abi::AT_FDCWD {
+        let cwd = sys::open_proc_link(n.pid, b"cwd").map_err(|e| resource_or_gone(target, n, e))?;
+        if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
+            return Err(Outcome::Gone);
+        }
+        cwd
+    } else {
+        if fd < 0 {
+            return Err(err(libc::EBADF));
+        }
+        if let Some(dev) = known_mount_fd(target, n, fd) {
             return Ok(dev);
-        };
-        sys::fstat_dev_uid(ours.as_fd())
-            .map(|(dev, _)| dev)
-            .map_err(|_| err(libc::EIO))
-    }
-
-    /// _reopen_as_target: the open the target asked for, with its own credentials; O_PATH
-    /// becomes a real read-only (else write-only) open, or a read-only fd fhmon opens when
-    /// the target's own chmod(2) could give itself read access right now
-    /// (policy::chmod_would_succeed); otherwise the first attempt's errno (EACCES).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn reopen_as_target(
-        &self,
-        target: &Target,
-        n: &Notification,
-        base: &Baseline,
-        memo: &mut Option<Arc<Status>>,
-        obj: BorrowedFd<'_>,
-        flags: i32,
-        is_dir: bool,
-    ) -> Result<OwnedFd, Outcome> {
-        let status = self.thread_status(target, n, memo)?;
-        let creds = &status.creds;
-        let strip = abi::O_CLOEXEC | libc::O_NOFOLLOW | abi::O_PATH;
-        let mut attempts = [0i32; 2];
-        let count;
-        if flags & abi::O_PATH != 0 {
-            if flags & libc::O_DIRECTORY != 0 && !is_dir {
-                return Err(err(libc::ENOTDIR));
-            }
-            if is_dir {
-                attempts[0] = libc::O_RDONLY | libc::O_DIRECTORY;
-                count = 1;
-            } else {
-                attempts = [libc::O_RDONLY, libc::O_WRONLY];
-                count = 2;
-            }
-        } else {
-            attempts[0] = (flags & !strip) | libc::O_NOCTTY;
-            count = 1;
         }
-        let mut first_error = 0;
-        {
-            let _acting = ActingAs::reopen_only(base, creds).map_err(|_| err(libc::EIO))?;
-            for attempt in &attempts[..count] {
-                match base.reopen(obj, attempt | abi::O_CLOEXEC) {
-                    Ok(fd) => return Ok(fd),
-                    Err(e) => {
-                        if first_error == 0 {
-                            first_error = if e == 0 { libc::EACCES } else { e };
-                        }
+        let ours = take_fd(target, n, fd)?;
+        match sys::fcntl_getfl(ours.as_fd()) {
+            Ok(fl) if fl & libc::O_PATH != 0 => return Err(err(libc::EBADF)),
+            Ok(_) => {}
+            Err(_) => return Err(err(libc::EIO)),
+        }
+        let dev = sys::fstat_dev_uid(ours.as_fd())
+            .map(|(dev, _)| dev)
+            .map_err(|_| err(libc::EIO))?;
+        if dev == target.share.facts.dev {
+            // the previous duplicate is closed here: a file on the share's filesystem too
+            remember_mount_fd(target, fd, ours, dev);
+        }
+        return Ok(dev);
+    };
+    sys::fstat_dev_uid(ours.as_fd())
+        .map(|(dev, _)| dev)
+        .map_err(|_| err(libc::EIO))
+}
+
+/// _reopen_as_target: the open the target asked for, with its own credentials; O_PATH
+/// becomes a real read-only (else write-only) open, or a read-only fd fhmon opens when
+/// the target's own chmod(2) could give itself read access right now
+/// (policy::chmod_would_succeed); otherwise the first attempt's errno (EACCES).
+fn reopen_as_target(
+    call: &mut Call,
+    base: &Baseline,
+    obj: BorrowedFd<'_>,
+    flags: i32,
+    is_dir: bool,
+) -> Result<OwnedFd, Outcome> {
+    let status = call.status()?;
+    let creds = &status.creds;
+    let strip = abi::O_CLOEXEC | libc::O_NOFOLLOW | abi::O_PATH;
+    let mut attempts = [0i32; 2];
+    let count;
+    if flags & abi::O_PATH != 0 {
+        if flags & libc::O_DIRECTORY != 0 && !is_dir {
+            return Err(err(libc::ENOTDIR));
+        }
+        if is_dir {
+            attempts[0] = libc::O_RDONLY | libc::O_DIRECTORY;
+            count = 1;
+        } else {
+            attempts = [libc::O_RDONLY, libc::O_WRONLY];
+            count = 2;
+        }
+    } else {
+        attempts[0] = (flags & !strip) | libc::O_NOCTTY;
+        count = 1;
+    }
+    let mut first_error = 0;
+    {
+        let _acting = ActingAs::reopen_only(base, creds).map_err(|_| err(libc::EIO))?;
+        for attempt in &attempts[..count] {
+            match base.reopen(obj, attempt | abi::O_CLOEXEC) {
+                Ok(fd) => return Ok(fd),
+                Err(e) => {
+                    if first_error == 0 {
+                        first_error = if e == 0 { libc::EACCES } else { e };
                     }
                 }
             }
         }
-        if flags & abi::O_PATH != 0
-            && first_error == libc::EACCES
-            && policy::chmod_would_succeed(obj, creds.fsuid)
-        {
-            // The target could chmod itself read access right now and then open it, so a
-            // read-only fd grants it nothing new; opened by fhmon (CAP_DAC_READ_SEARCH
-            // passes the read check), then the open file is asked once more.
-            let fd = base
-                .reopen(obj, attempts[0] | abi::O_CLOEXEC)
-                .map_err(|e| {
-                    let failure = policy::failed(e);
-                    err(failure.errno)
-                })?;
-            if policy::chmod_would_succeed(fd.as_fd(), creds.fsuid) {
-                return Ok(fd);
-            }
-        }
-        Err(err(first_error))
     }
-}
-
-/// TargetThread.known_mount_fd: the st_dev of the target's fd `fd` if it is still the open
-/// file remembered (one kcmp, made under the lock so that the duplicate stays open), else
-/// None. Like take_fd, it proves nothing about the notification: ADDFD validates it.
-fn known_mount_fd(target: &Target, n: &Notification, fd: i32) -> Option<u64> {
-    let memo = lock(&target.mount_fd);
-    let known = memo.as_ref()?;
-    let same =
-        known.fd == fd && sys::is_open_file_of(n.pid as i32, fd, known.our_pid, known.ours.as_fd());
-    same.then_some(known.dev)
+    if flags & abi::O_PATH != 0
+        && first_error == libc::EACCES
+        && policy::chmod_would_succeed(obj, creds.fsuid)
+    {
+        // The target could chmod itself read access right now and then open it, so a
+        // read-only fd grants it nothing new; opened by fhmon (CAP_DAC_READ_SEARCH
+        // passes the read check), then the open file is asked once more.
+        let fd = base
+            .reopen(obj, attempts[0] | abi::O_CLOEXEC)
+            .map_err(|e| {
+                let failure = policy::failed(e);
+                err(failure.errno)
+            })?;
+        if policy::chmod_would_succeed(fd.as_fd(), creds.fsuid) {
+            return Ok(fd);
+        }
+    }
+    Err(err(first_error))
 }
