@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
-use super::{Errno, last_errno, owned, write_decimal};
+use super::{Errno, last_errno, own_fd_link, owned, write_decimal};
 use crate::abi;
 
 /// openat(dir, "..", O_PATH | O_DIRECTORY | O_CLOEXEC): the parent the kernel's own '..'
@@ -18,11 +18,7 @@ pub fn open_parent(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
 
 /// readlink("/proc/self/fd/N") into buf: the path the kernel prints for one of our fds.
 pub fn fd_path<'b>(fd: BorrowedFd<'_>, buf: &'b mut [u8]) -> Result<&'b [u8], Errno> {
-    let mut link = [0u8; 32];
-    let prefix = b"/proc/self/fd/";
-    link[..prefix.len()].copy_from_slice(prefix);
-    write_decimal(fd.as_raw_fd() as u32, &mut link[prefix.len()..]);
-    // link[prefix.len() + len] stays 0: the terminating NUL
+    let link = own_fd_link(fd);
     // SAFETY: link is NUL-terminated within its 32 bytes; buf is exclusively borrowed and
     // readlink writes at most buf.len() bytes into it.
     let ret = unsafe { libc::readlink(link.as_ptr().cast(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -61,10 +57,7 @@ pub fn dup(fd: RawFd) -> Result<OwnedFd, Errno> {
 /// open("/proc/self/fd/N", flags): a new open file for what fd names, with an open's
 /// permission checks (linux.reopen).
 pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> Result<OwnedFd, Errno> {
-    let mut link = [0u8; 32];
-    let prefix = b"/proc/self/fd/";
-    link[..prefix.len()].copy_from_slice(prefix);
-    write_decimal(fd.as_raw_fd() as u32, &mut link[prefix.len()..]);
+    let link = own_fd_link(fd);
     // SAFETY: link is NUL-terminated within its 32 bytes.
     owned(unsafe { libc::open(link.as_ptr().cast(), flags, 0) } as libc::c_long)
 }
@@ -153,4 +146,22 @@ pub fn fcntl_getfl(fd: BorrowedFd<'_>) -> Result<i32, Errno> {
     // SAFETY: F_GETFL takes no pointer.
     let ret = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
     if ret < 0 { Err(last_errno()) } else { Ok(ret) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    #[test]
+    fn an_fd_of_ours_is_reached_through_its_proc_self_fd_link() {
+        let fd = open_path(c"/proc").unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(fd_path(fd.as_fd(), &mut buf), Ok(&b"/proc"[..]));
+        let again = reopen(fd.as_fd(), libc::O_PATH | libc::O_CLOEXEC).unwrap();
+        assert_eq!(fd_path(again.as_fd(), &mut buf), Ok(&b"/proc"[..]));
+        let mut tiny = [0u8; 5];
+        assert_eq!(fd_path(fd.as_fd(), &mut tiny), Err(libc::ENAMETOOLONG));
+    }
 }

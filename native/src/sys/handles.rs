@@ -4,7 +4,7 @@
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
-use super::{Errno, last_errno, owned, write_decimal};
+use super::{Errno, last_errno, own_fd_link, owned};
 use crate::abi;
 
 /// name_to_handle_at(dirfd, path, ..., flags) with a MAX_HANDLE_SZ buffer: (type, length,
@@ -25,12 +25,8 @@ pub fn name_to_handle_at_of_fd(
     flags: i32,
     out: &mut [u8; crate::handle::MAX_HANDLE_SZ],
 ) -> Result<(i32, usize, u64), Errno> {
-    let mut link = [0u8; 32];
-    let prefix = b"/proc/self/fd/";
-    link[..prefix.len()].copy_from_slice(prefix);
-    let n = write_decimal(fd.as_raw_fd() as u32, &mut link[prefix.len()..]);
-    let path =
-        CStr::from_bytes_with_nul(&link[..prefix.len() + n + 1]).map_err(|_| libc::EINVAL)?;
+    let link = own_fd_link(fd);
+    let path = CStr::from_bytes_until_nul(&link).map_err(|_| libc::EINVAL)?;
     name_to_handle_at_raw(abi::AT_FDCWD, path, flags, out)
 }
 

@@ -9,7 +9,7 @@
 //! One file per domain; this one holds what they share (the errno, taking ownership of a new
 //! fd, decimal numbers in paths) and names every function `sys::name`, whatever its file.
 
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 mod cpus;
 mod creds;
@@ -38,10 +38,9 @@ pub use locked::LockedBox;
 pub use memory::{read_target, write_target};
 pub use notif::{notif_addfd, notif_id_valid, notif_recv, notif_send, notif_set_sync_wakeup};
 pub use pidfd::{PIDFD_THREAD, pidfd_alive, pidfd_getfd, pidfd_open};
-pub use poll::{poll_in, poll_many};
+pub use poll::poll_many;
 pub use signals::{
-    block_all_signals, block_signals_but_wake, install_wake_handler, restore_signals, wake_signal,
-    wake_thread,
+    block_all_signals, block_signals_but_wake, install_wake_handler, restore_signals, wake_thread,
 };
 pub use socket::recv_with_fd;
 pub use stat::{
@@ -85,4 +84,14 @@ fn write_decimal(n: u32, out: &mut [u8]) -> usize {
         out[i] = digits[len - 1 - i];
     }
     len
+}
+
+/// "/proc/self/fd/N" for one of our fds, NUL-terminated within its 32 bytes: the magic link
+/// through which a path call reaches the open file itself.
+fn own_fd_link(fd: BorrowedFd<'_>) -> [u8; 32] {
+    let mut link = [0u8; 32];
+    let prefix = b"/proc/self/fd/";
+    link[..prefix.len()].copy_from_slice(prefix);
+    write_decimal(fd.as_raw_fd() as u32, &mut link[prefix.len()..]);
+    link
 }

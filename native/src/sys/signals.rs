@@ -5,7 +5,7 @@ use super::{Errno, last_errno};
 
 /// The signal that interrupts a data-plane thread's RECV (EINTR): a real-time signal no
 /// Python code uses, with a handler that does nothing and no SA_RESTART.
-pub fn wake_signal() -> i32 {
+fn wake_signal() -> i32 {
     libc::SIGRTMIN() + 6
 }
 
