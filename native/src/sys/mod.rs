@@ -1,5 +1,3 @@
-#![allow(unsafe_code)] // the one module allowed to (lib.rs denies it elsewhere)
-
 //! The crate's only `unsafe` code: raw syscalls and the locked key memory.
 //!
 //! Every function here takes and returns plain Rust values (slices, arrays, OwnedFd) and
