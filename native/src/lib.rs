@@ -9,6 +9,7 @@
 
 pub mod abi;
 pub mod creds;
+#[cfg(feature = "test-hooks")]
 pub mod fuzzing;
 pub mod handle;
 pub mod intake;

@@ -268,6 +268,7 @@ pub struct Plane {
     /// native call counts of targets removed since the last take_stats
     removed_calls: Mutex<Vec<(u64, u64)>>,
     /// test hook (monitor._native.Plane.panic_next_calls): this many coming calls panic in their work
+    #[cfg(feature = "test-hooks")]
     panic_next: AtomicU64,
     events: Mutex<Events>,
     wakeup: Condvar,
@@ -302,6 +303,7 @@ impl Plane {
             counters: Counters::new(),
             refusals: Mutex::new(Vec::new()),
             removed_calls: Mutex::new(Vec::new()),
+            #[cfg(feature = "test-hooks")]
             panic_next: AtomicU64::new(0),
             events: Mutex::new(Events {
                 queue: VecDeque::with_capacity(64),
@@ -446,6 +448,7 @@ impl Plane {
 
     /// Test hook: the next `n` calls answered natively panic inside their work (each must
     /// be answered EIO and counted, and its thread keep serving).
+    #[cfg(feature = "test-hooks")]
     pub fn panic_next_calls(&self, n: u64) {
         self.panic_next.store(n, Ordering::SeqCst);
     }
@@ -517,6 +520,7 @@ impl Plane {
             _ => None,
         };
         let work = || {
+            #[cfg(feature = "test-hooks")]
             if self.panic_next.load(Ordering::Relaxed) > 0
                 && self
                     .panic_next
