@@ -4,6 +4,10 @@ from collections.abc import Callable
 from typing import Any
 
 VERSION: str
+# Whether this build has the test hooks (the crate's cargo feature test-hooks): True in the
+# development install scripts/setup.sh makes, False in a release wheel (`pip install .`,
+# deploy/Containerfile). KeyRing.cost and Plane.panic_next_calls exist only when True.
+TEST_HOOKS: bool
 
 class KeyRing:
     """A key ring in locked memory; signs and verifies as monitor.signing.KeyRing."""
@@ -15,6 +19,7 @@ class KeyRing:
     def key_ids(self) -> list[int]: ...
     def sign(self, share: bytes, handle_type: int, kernel_bytes: bytes) -> bytes: ...
     def verify(self, share: bytes, handle_type: int, f_handle: bytes) -> bytes | None: ...
+    # test builds only (TEST_HOOKS); absent from a release wheel
     def cost(self, iterations: int) -> tuple[float, float]: ...
 
 class Plane:
@@ -36,6 +41,7 @@ class Plane:
     def take_stats(self) -> tuple[list[tuple[str, int, int]], list[tuple[str, float]],
                                   list[tuple[str, list[int]]], list[tuple[str, int]],
                                   list[tuple[int, int]], int]: ...
+    # test builds only (TEST_HOOKS); absent from a release wheel
     def panic_next_calls(self, n: int) -> None: ...
     def drain_events(self) -> tuple[list[tuple[str, int, str, int, int | None, int]],
                                     int]: ...

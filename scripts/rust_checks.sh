@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The Rust crates' own checks: rustfmt, clippy (warnings denied), cargo test (units and the
 # bounded property loop over every parser of target bytes), then a bounded fuzz run.
+# clippy and cargo test run with and without the cargo feature test-hooks: without it is what
+# a release wheel holds, with it what the tests and benchmarks call (the fuzz bodies,
+# KeyRing.cost, Plane.panic_next_calls).
 #   FHMON_FUZZ_SECONDS   seconds per cargo-fuzz target (default 10; 0 skips fuzzing)
 # cargo-fuzz needs a nightly toolchain: without one (or without cargo-fuzz) the parsers get a
 # longer stable property loop instead (native/tests/parsers.rs), and the script says so.
@@ -21,12 +24,23 @@ for crate in "${crates[@]}"; do
     fi
     (cd "$crate" && cargo clippy --quiet --locked --workspace --all-targets -- -D warnings)
 done
-(cd native && cargo clippy --quiet --locked --workspace --all-targets --no-default-features -- -D warnings)
+# native: with and without the Python bindings, each with and without the test hooks (the
+# plain run above is the release wheel's set: the bindings, no hooks)
+(cd native && cargo clippy --quiet --locked --workspace --all-targets --features test-hooks \
+    -- -D warnings)
+(cd native && cargo clippy --quiet --locked --workspace --all-targets --no-default-features \
+    -- -D warnings)
+(cd native && cargo clippy --quiet --locked --workspace --all-targets --no-default-features \
+    --features test-hooks -- -D warnings)
 
 echo "rust_checks: native: cargo test"
 (cd native && cargo test --quiet --locked --no-default-features)
-(cd native && cargo test --quiet --locked -p fhmon-launch)  # the launcher (native/launcher)
+# the same units and the property loop over the fuzz bodies (tests/parsers.rs)
+(cd native && cargo test --quiet --locked --no-default-features --features test-hooks)
+# the launcher (native/launcher): its units and its property loop
+(cd native && cargo test --quiet --locked -p fhmon-launch --features test-hooks)
 (cd native && cargo test --quiet --locked)  # with the Python bindings compiled in
+(cd native && cargo test --quiet --locked --features test-hooks)  # and the test hooks
 
 if [ "$seconds" -gt 0 ]; then
     if command -v cargo-fuzz >/dev/null && cargo +nightly --version >/dev/null 2>&1; then
@@ -38,9 +52,11 @@ if [ "$seconds" -gt 0 ]; then
     else
         echo "rust_checks: no cargo-fuzz or nightly toolchain: a longer stable property loop instead"
         (cd native && FHMON_FUZZ_ITERATIONS=$((seconds * 200000)) \
-            cargo test --quiet --locked --no-default-features --release --test parsers)
+            cargo test --quiet --locked --no-default-features --features test-hooks \
+                --release --test parsers)
         (cd native && FHMON_FUZZ_ITERATIONS=$((seconds * 50000)) \
-            cargo test --quiet --locked -p fhmon-launch --release --test parsers)
+            cargo test --quiet --locked -p fhmon-launch --features test-hooks \
+                --release --test parsers)
     fi
 fi
 echo "rust_checks: ok"

@@ -56,14 +56,20 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 stamp=.venv/.fhmon-installed
+# This install's extension carries the test hooks (the crate's cargo feature test-hooks:
+# KeyRing.cost, Plane.panic_next_calls, which the tests and bench/levers.py call); a plain
+# `pip install .` or `pip wheel .` (deploy/Containerfile) builds the release one, without.
+# maturin's --features replaces pyproject.toml's [tool.maturin] features: they are repeated.
+dev_features="pyo3/extension-module,test-hooks"
 # Rebuild when the build recipe or the crate changed (an editable install does not rebuild
-# Rust by itself).
+# Rust by itself), or when the extension there lacks the hooks (a `pip install -e .` since).
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
         || [ -n "$(find native/src native/Cargo.toml native/Cargo.lock -newer "$stamp" 2>/dev/null | head -1)" ] \
-        || ! .venv/bin/python -c 'import monitor._native' 2>/dev/null; then
+        || ! .venv/bin/python -c 'import sys, monitor._native as n; sys.exit(not n.TEST_HOOKS)' 2>/dev/null; then
     echo "setup.sh: installing fhmon and its test tools into .venv"
     .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
-    .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+    MATURIN_PEP517_ARGS="${MATURIN_PEP517_ARGS:+$MATURIN_PEP517_ARGS }--features $dev_features" \
+        .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
     touch "$stamp"
 fi
 # The native launcher (native/launcher): `fhmon launch` execs it, and `fhmon install-launcher`

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support import World, readable
+from tests.support.native_hooks import require_test_hooks
 from tests.support.plane_target import in_process_plane, plane_target
 
 _native = pytest.importorskip("monitor._native")
@@ -39,6 +40,7 @@ for _ in range(calls):
 
 @pytest.fixture
 def plane() -> Iterator[object]:
+    require_test_hooks()  # Plane.panic_next_calls
     with in_process_plane(1) as p:
         yield p
 

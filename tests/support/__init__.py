@@ -15,6 +15,7 @@ clients and handle shorthands. conftest.py only turns these into fixtures.
 - kubevirt.py: the virt-launcher pod, the launcher bundle, the webhook on loopback TLS
 - http_attack.py: connections held open against the HTTP endpoint (tests and bench)
 - plane_target.py: a real target served by a monitor._native.Plane in the test's process
+- native_hooks.py: require_test_hooks, for the tests that call the extension's test hooks
 """
 
 from tests.support.agent import Agent

@@ -17,6 +17,7 @@ pub mod args;
 pub mod channel;
 pub mod errnames;
 pub mod filter;
+#[cfg(feature = "test-hooks")]
 pub mod fuzzing;
 pub mod run;
 pub mod users;

@@ -294,16 +294,14 @@ pub fn connect_unix(path: &[u8]) -> Result<OwnedFd, Errno> {
     )?;
     let len = (std::mem::size_of::<libc::sa_family_t>() + path.len() + 1) as libc::socklen_t;
     // SAFETY: addr is a live sockaddr_un holding a NUL-terminated path of `len` bytes.
-    check(
-        unsafe {
-            libc::connect(
-                sock.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        }
-        .into(),
-    )?;
+    let ret = unsafe {
+        libc::connect(
+            sock.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+    check(ret.into())?;
     Ok(sock)
 }
 
