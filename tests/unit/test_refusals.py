@@ -107,3 +107,19 @@ def test_the_loader_refuses_a_table_it_cannot_trust(tmp_path: Path, table: str,
     with pytest.raises(ValueError, match=re.escape(complaint)):
         refusals.load(path)
 
+
+def test_the_native_plane_compiled_the_same_table() -> None:
+    """native/build.rs reads refusals.toml by hand: what it made of it is what tomllib
+    reads, entry for entry (the finished {strerror} texts included)."""
+    from monitor import _native
+
+    def finished(refusal: refusals.Refusal) -> tuple[list[tuple[int, str]], str]:
+        if "strerror" not in refusal.parts:
+            return [], ""
+        return ([(err, refusal.text(strerror=text))
+                 for err, text in refusal.strerror_texts.items()],
+                refusal.text(strerror=refusal.strerror_otherwise))
+
+    python = [(r.code, r.errno, r.errno_name, r.reason, list(r.parts), r.counted,
+               *finished(r)) for r in refusals.TABLE]
+    assert _native.refusal_table() == python
