@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 
+from protocol import refusals
+
 # A client may register a listener of a filter of its own that traps any syscall number; a
 # handler's errno may come from any OSError. Whatever is not in these sets counts as OTHER.
 OTHER = "other"
@@ -19,27 +21,17 @@ RESULT_LABELS = frozenset({
     "ENXIO", "EOPNOTSUPP", "EOVERFLOW", "EPERM", "EROFS", "ESRCH", "ESTALE", "ETXTBSY",
     "EWOULDBLOCK", "EXDEV",
 })
-# Why fhmon refused a call, as a metric label: a fixed snake_case identifier per refusal.
-# The handlers' human text (SyscallError.reason) stays in the audit log; it is matched here
-# by its beginning (some texts carry details, e.g. the syscall number). A reason this table
-# does not know counts as "other": give it an identifier here when adding one
-# (tests/unit/test_metrics.py checks every reason raised in monitor/).
-REFUSAL_CODES: tuple[tuple[str, str], ...] = (
-    ("bad or foreign MAC", "mac_invalid"),
-    ("mount_fd on another filesystem", "mount_fd_foreign"),
-    ("fhmon opens only directories and regular files", "file_type_refused"),
-    ("no handles for this file type", "file_type_no_handle"),
-    ("kernel handle too large for the MAC trailer", "handle_too_large"),
-    ("object on a submount inside the share", "submount"),
-    ("object outside the share (other mount)", "outside_share_mount"),
-    ("object outside the share", "outside_share"),
-    ("opened object not on the share's mount", "opened_outside_mount"),
-    ("directory no longer inside the share", "directory_left_share"),
-    ("file's place cannot be checked", "place_unverifiable"),  # "... (strerror)"
-    ("syscall ", "syscall_not_emulated"),  # "syscall NR arch A is not emulated"
-)
+# Why fhmon refused a call, as a metric label: a fixed snake_case identifier per refusal,
+# from the one table of refusals (protocol/refusals.toml), in its order. The human text
+# (SyscallError.reason) stays in the audit log; it is matched here by its beginning (some
+# texts carry details, e.g. the syscall number). A reason the table does not know counts as
+# "other": add the refusal to the table (tests/unit/test_refusal_home.py holds every reason
+# raised in monitor/ and native/ to it). A refusal the table marks as not counted has no
+# code here (it is audited without one).
+REFUSAL_CODES: tuple[tuple[str, str], ...] = tuple(
+    (refusal.prefix, refusal.code) for refusal in refusals.TABLE if refusal.counted)
 REFUSAL_LABELS = frozenset({code for _, code in REFUSAL_CODES} | {OTHER})
-MAC_INVALID = "mac_invalid"  # the refusal fhmon_mac_failures_total counts
+MAC_INVALID = refusals.MAC_INVALID.code  # the refusal fhmon_mac_failures_total counts
 
 
 def syscall_label(name: str) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from monitor import linux, signing
 from monitor.plane.target_thread import SyscallError
-from protocol import kernel
+from protocol import kernel, refusals
 
 
 class RegistrationRefused(Exception):
@@ -236,14 +236,14 @@ def check_resolved(share: Share, obj_fd: int, obj_mount_id: int) -> None:
         except OSError:  # too deep to print: outside for this answer, refused either way
             on_submount = False
         if on_submount:
-            raise SyscallError(errno.EOPNOTSUPP, "object on a submount inside the share")
-        raise SyscallError(errno.EACCES, "object outside the share (other mount)")
+            raise SyscallError.refusing(refusals.SUBMOUNT)
+        raise SyscallError.refusing(refusals.OUTSIDE_SHARE_MOUNT)
     if share.whole_fs:
         return
     mode = os.fstat(obj_fd).st_mode
     inside = _dir_inside(share, obj_fd) if stat.S_ISDIR(mode) else _file_inside(share, obj_fd)
     if not inside:
-        raise SyscallError(errno.EACCES, "object outside the share")
+        raise SyscallError.refusing(refusals.OUTSIDE_SHARE)
 
 
 def check_opened(share: Share, obj_fd: int, is_dir: bool, obj_mount_id: int) -> None:
@@ -253,11 +253,11 @@ def check_opened(share: Share, obj_fd: int, is_dir: bool, obj_mount_id: int) -> 
     are trusted on their MAC (like NFS no_subtree_check): their dentry may be disconnected.
     """
     if obj_mount_id != share.mount_id:
-        raise SyscallError(errno.ESTALE, "opened object not on the share's mount")
+        raise SyscallError.refusing(refusals.OPENED_OUTSIDE_MOUNT)
     if share.whole_fs or not is_dir:
         return
     if not _dir_inside(share, obj_fd):
-        raise SyscallError(errno.ESTALE, "directory no longer inside the share")
+        raise SyscallError.refusing(refusals.DIRECTORY_LEFT_SHARE)
 
 
 def _dir_inside(share: Share, dir_fd: int) -> bool:
@@ -303,18 +303,12 @@ def _file_inside(share: Share, obj_fd: int) -> bool:
     try:
         path, root = fd_path(obj_fd), share.current_path()
     except OSError as exc:
-        # the errno's text only (no fd number): the audit reason is the same words on both
-        # data planes (native/src/policy.rs unverifiable) and one metrics label
-        known = exc.errno if exc.errno in _UNVERIFIABLE_ERRNOS else errno.EIO
-        raise SyscallError(errno.EOPNOTSUPP, "file's place cannot be checked "
-                           f"({os.strerror(known)})") from None
+        # the errno's text only (no fd number), of the few errnos the table names: the
+        # audit reason is the same words on both data planes and one metrics label
+        unverifiable = refusals.PLACE_UNVERIFIABLE
+        raise SyscallError.refusing(unverifiable,
+                                    strerror=unverifiable.strerror(exc.errno or 0)) from None
     return is_below(_strip_deleted(path), root)
-
-
-# the errnos whose text a "file's place cannot be checked" reason names (others: EIO's);
-# native/src/policy.rs unverifiable has the same table
-_UNVERIFIABLE_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOENT, errno.EMFILE,
-                                  errno.ENFILE, errno.ENOMEM, errno.EACCES})
 
 
 # generic exportfs layouts (include/linux/exportfs.h): type of a file-with-parent handle ->

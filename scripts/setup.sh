@@ -62,9 +62,11 @@ stamp=.venv/.fhmon-installed
 # maturin's --features replaces pyproject.toml's [tool.maturin] features: they are repeated.
 dev_features="pyo3/extension-module,test-hooks"
 # Rebuild when the build recipe or the crate changed (an editable install does not rebuild
-# Rust by itself), or when the extension there lacks the hooks (a `pip install -e .` since).
+# Rust by itself; the crate compiles in protocol/refusals.toml, native/build.rs), or when
+# the extension there lacks the hooks (a `pip install -e .` since).
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
-        || [ -n "$(find native/src native/Cargo.toml native/Cargo.lock -newer "$stamp" 2>/dev/null | head -1)" ] \
+        || [ -n "$(find native/src native/build.rs native/Cargo.toml native/Cargo.lock \
+            protocol/refusals.toml -newer "$stamp" 2>/dev/null | head -1)" ] \
         || ! .venv/bin/python -c 'import sys, monitor._native as n; sys.exit(not n.TEST_HOOKS)' 2>/dev/null; then
     echo "setup.sh: installing fhmon and its test tools into .venv"
     .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
@@ -76,7 +78,8 @@ fi
 # copies it into KubeVirt's pods (scripts/build-launcher.sh says how it is built).
 launcher=monitor/_bin/fhmon-launch
 if [ ! -x "$launcher" ] \
-        || [ -n "$(find native/src native/launcher native/Cargo.toml native/Cargo.lock -newer "$launcher" 2>/dev/null | head -1)" ]; then
+        || [ -n "$(find native/src native/build.rs native/launcher native/Cargo.toml \
+            native/Cargo.lock protocol/refusals.toml -newer "$launcher" 2>/dev/null | head -1)" ]; then
     echo "setup.sh: building the native launcher ($launcher)"
     bash scripts/build-launcher.sh
 fi

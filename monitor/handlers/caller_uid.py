@@ -4,13 +4,13 @@ target's; monitor/registration.py)."""
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Callable
 
 from monitor import log
 from monitor.handlers.base import Answered, CallContext, Middleware, Step
 from monitor.listener import NotificationGone
 from monitor.plane.target_thread import RESOURCE_ERRNOS, SyscallError
+from protocol import refusals
 
 
 def caller_uid_middleware(syscall_name: Callable[[int], str]) -> Middleware:
@@ -36,9 +36,12 @@ def _checked(handler: Step, syscall_name: Callable[[int], str]) -> Step:
             except Exception:
                 raise NotificationGone(ctx.notif.id) from None  # gone
             if uid != ctx.peer_uid:
-                log.audit("call_refused", syscall=syscall_name(ctx.notif.nr), errno="EPERM",
-                          reason=f"caller uid {uid} is not the registering client's uid "
-                          f"{ctx.peer_uid}", tid=ctx.thread.tid, target=ctx.target_id)
-                raise SyscallError(errno.EPERM)
+                # audited here, without a code, and not counted (the table says so)
+                refusal = refusals.CALLER_UID_FOREIGN
+                log.audit("call_refused", syscall=syscall_name(ctx.notif.nr),
+                          errno=refusal.errno_name,
+                          reason=refusal.text(uid=uid, peer_uid=ctx.peer_uid),
+                          tid=ctx.thread.tid, target=ctx.target_id)
+                raise SyscallError(refusal.errno)
         return handler(ctx)
     return checked

@@ -17,7 +17,7 @@ from monitor.credentials import acting_as
 from monitor.handlers.base import CallContext, Return
 from monitor.plane.target_thread import SyscallError, TargetThread
 from monitor.policy import check_resolved
-from protocol import kernel, signed_handle
+from protocol import kernel, refusals, signed_handle
 
 
 def probe_kernel_flags() -> int:
@@ -115,9 +115,9 @@ def name_to_handle_at(ctx: CallContext) -> Return:
     finally:
         os.close(obj)
     if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-        raise SyscallError(errno.EOPNOTSUPP, "no handles for this file type")
+        raise SyscallError.refusing(refusals.FILE_TYPE_NO_HANDLE)
     if len(kernel_bytes) > signed_handle.MAX_KERNEL_HANDLE_SIZE:
-        raise SyscallError(errno.EOPNOTSUPP, "kernel handle too large for the MAC trailer")
+        raise SyscallError.refusing(refusals.HANDLE_TOO_LARGE)
 
     # write() validates before anything reaches the target
     header = kernel.FileHandleHeader.parse(ctx.thread.read_exact(handle_ptr, 8, check=False))

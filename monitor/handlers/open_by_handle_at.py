@@ -37,7 +37,7 @@ from monitor.credentials import acting_as
 from monitor.handlers.base import CallContext, InjectFd
 from monitor.plane.target_thread import SyscallError
 from monitor.policy import check_opened, chmod_would_succeed
-from protocol import kernel
+from protocol import kernel, refusals
 
 # Flags that only make sense for the open we do ourselves, or that the magic-link reopen
 # would misread (O_NOFOLLOW would refuse the /proc/self/fd link itself).
@@ -72,11 +72,11 @@ def open_by_handle_at(ctx: CallContext) -> InjectFd:
     if ctx.signing:
         kernel_bytes = ctx.keys.verify(ctx.share.share_id, header.handle_type, f_handle)
         if kernel_bytes is None:
-            raise SyscallError(errno.ESTALE, "bad or foreign MAC")
+            raise SyscallError.refusing(refusals.MAC_INVALID)
     else:
         kernel_bytes = f_handle
     if mount_dev != ctx.share.dev:
-        raise SyscallError(errno.ESTALE, "mount_fd on another filesystem")
+        raise SyscallError.refusing(refusals.MOUNT_FD_FOREIGN)
     try:
         obj = linux.open_by_handle_at(ctx.share.dir_fd, header.handle_type, kernel_bytes,
                                       os.O_PATH | os.O_CLOEXEC)
@@ -86,7 +86,7 @@ def open_by_handle_at(ctx: CallContext) -> InjectFd:
         mode, obj_mount = linux.statx_mode_mount(obj)
         is_dir = stat.S_ISDIR(mode)
         if not (is_dir or stat.S_ISREG(mode)):
-            raise SyscallError(errno.EACCES, "fhmon opens only directories and regular files")
+            raise SyscallError.refusing(refusals.FILE_TYPE_REFUSED)
         check_opened(ctx.share, obj, is_dir, obj_mount)
         opened = _reopen_as_target(ctx, obj, flags, is_dir)
     finally:

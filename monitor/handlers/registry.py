@@ -25,7 +25,7 @@ from monitor.handlers.name_to_handle_at import name_to_handle_at
 from monitor.handlers.open_by_handle_at import open_by_handle_at
 from monitor.listener import NotificationGone
 from monitor.plane.target_thread import RESOURCE_ERRNOS, SyscallError
-from protocol import kernel
+from protocol import kernel, refusals
 
 log = logging.getLogger("fhmon.dispatch")
 
@@ -42,8 +42,8 @@ def syscall_name(nr: int) -> str:
 
 def _unexpected(ctx: CallContext) -> Outcome:
     """Anything else the filter delivers (another syscall, another arch): a clean ENOSYS."""
-    return Error(errno.ENOSYS, f"syscall {ctx.notif.nr} arch {ctx.notif.arch:#x} is not "
-                 f"emulated")
+    refusal = refusals.SYSCALL_NOT_EMULATED
+    return Error(refusal.errno, refusal.text(nr=ctx.notif.nr, arch=ctx.notif.arch))
 
 
 def _answering(handler: Handler) -> Step:

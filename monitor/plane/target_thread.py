@@ -16,6 +16,7 @@ from monitor.listener import Listener, NotificationGone
 from monitor.plane.thread_cache import ThreadCache
 from monitor.proc_status import ThreadStatus, read_status
 from protocol import kernel
+from protocol.refusals import Refusal
 
 # Out of fds or memory in fhmon while it answers: the kernel's own answer in that state,
 # given to the caller (never "the caller went away", which leaves the call unanswered).
@@ -29,6 +30,12 @@ class SyscallError(Exception):
         super().__init__(err, reason or os.strerror(err))
         self.errno = err
         self.reason = reason
+
+    @classmethod
+    def refusing(cls, refusal: Refusal, **parts: object) -> SyscallError:
+        """A refusal of the one table (protocol/refusals.toml): its errno, and its reason
+        with these variable parts (the audit line's text, the same on both planes)."""
+        return cls(refusal.errno, refusal.text(**parts))
 
 
 class TargetThread:

@@ -1,6 +1,8 @@
 //! Inside-the-share checks and the O_PATH fallback's chmod rule, ported from
 //! monitor/policy.py (check_resolved, check_opened, _dir_inside, _file_inside, _parent_dir,
-//! chmod_would_succeed), errno for errno and reason for reason, kept in this one module so that a change of policy lands in one place.
+//! chmod_would_succeed), errno for errno and reason for reason (both from the one table of
+//! refusals, crate::refusals), kept in this one module so that a change of policy lands in
+//! one place.
 //!
 //! "Inside" is decided on fds, never on path strings alone: walking '..' from the object (a
 //! directory, or a file's parent directory) must meet the share root (its st_dev and st_ino
@@ -13,12 +15,13 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::abi::{self, FS_APPEND_FL, FS_IMMUTABLE_FL, ST_RDONLY};
 use crate::handle::MAX_HANDLE_SZ;
+use crate::refusals::{self, Entry};
 use crate::sys::{self, Errno};
 
 pub use crate::abi::PATH_MAX;
 
 /// A refused call: the errno the target gets and the reason the audit log records (the
-/// same words as monitor/policy.py), or a failure of fhmon's own syscalls (the reference's
+/// table's, as monitor/policy.py gives them), or a failure of fhmon's own syscalls (the reference's
 /// "handler failed": EIO, or the resource errno itself), which has no reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Refusal {
@@ -26,10 +29,11 @@ pub struct Refusal {
     pub reason: Option<&'static str>,
 }
 
-fn refused(errno: i32, reason: &'static str) -> Refusal {
+/// A refusal of the table (crate::refusals) whose reason has no variable parts.
+pub fn refused(entry: &Entry) -> Refusal {
     Refusal {
-        errno,
-        reason: Some(reason),
+        errno: entry.errno,
+        reason: Some(entry.text()),
     }
 }
 
@@ -131,15 +135,9 @@ pub fn check_resolved(
             _ => false,
         };
         if on_submount {
-            return Err(refused(
-                libc::EOPNOTSUPP,
-                "object on a submount inside the share",
-            ));
+            return Err(refused(&refusals::SUBMOUNT));
         }
-        return Err(refused(
-            libc::EACCES,
-            "object outside the share (other mount)",
-        ));
+        return Err(refused(&refusals::OUTSIDE_SHARE_MOUNT));
     }
     if share.facts.whole_fs {
         return Ok(());
@@ -150,7 +148,7 @@ pub fn check_resolved(
         file_inside(share, obj)
     }?;
     if !inside {
-        return Err(refused(libc::EACCES, "object outside the share"));
+        return Err(refused(&refusals::OUTSIDE_SHARE));
     }
     Ok(())
 }
@@ -164,19 +162,13 @@ pub fn check_opened(
     id: &Identity,
 ) -> Result<(), Refusal> {
     if id.mount_id != share.facts.mount_id {
-        return Err(refused(
-            libc::ESTALE,
-            "opened object not on the share's mount",
-        ));
+        return Err(refused(&refusals::OPENED_OUTSIDE_MOUNT));
     }
     if share.facts.whole_fs || !id.is_dir() {
         return Ok(());
     }
     if !dir_inside_from(share.facts, obj, id)? {
-        return Err(refused(
-            libc::ESTALE,
-            "directory no longer inside the share",
-        ));
+        return Err(refused(&refusals::DIRECTORY_LEFT_SHARE));
     }
     Ok(())
 }
@@ -232,18 +224,14 @@ fn file_inside(share: &ShareRoot<'_>, obj: BorrowedFd<'_>) -> Result<bool, Refus
     Ok(is_below(strip_deleted(path), root))
 }
 
-/// The reason monitor/policy.py gives: "file's place cannot be checked (strerror)".
+/// The table's place_unverifiable, with the text of the errno that stopped the check (of
+/// the few the table names: the same words as monitor/policy.py, and no fd number).
 fn unverifiable(errno: Errno) -> Refusal {
-    let reason = match errno {
-        libc::ENAMETOOLONG => "file's place cannot be checked (File name too long)",
-        libc::ENOENT => "file's place cannot be checked (No such file or directory)",
-        libc::EMFILE => "file's place cannot be checked (Too many open files)",
-        libc::ENFILE => "file's place cannot be checked (Too many open files in system)",
-        libc::ENOMEM => "file's place cannot be checked (Cannot allocate memory)",
-        libc::EACCES => "file's place cannot be checked (Permission denied)",
-        _ => "file's place cannot be checked (Input/output error)",
-    };
-    refused(libc::EOPNOTSUPP, reason)
+    let entry = &refusals::PLACE_UNVERIFIABLE;
+    Refusal {
+        errno: entry.errno,
+        reason: Some(entry.with_strerror(errno)),
+    }
 }
 
 /// policy._PARENT_LAYOUTS: for a file-with-parent handle type of the kernel's generic
@@ -375,14 +363,11 @@ mod tests {
         let other_id = Identity::of(other.as_fd()).unwrap();
         assert_eq!(
             check_resolved(&root_view, other.as_fd(), &other_id),
-            Err(refused(libc::EACCES, "object outside the share"))
+            Err(refused(&refusals::OUTSIDE_SHARE))
         );
         assert_eq!(
             check_opened(&root_view, other.as_fd(), &other_id),
-            Err(refused(
-                libc::ESTALE,
-                "directory no longer inside the share"
-            ))
+            Err(refused(&refusals::DIRECTORY_LEFT_SHARE))
         );
         let file = open(&share.join("a/file"));
         let file_id = Identity::of(file.as_fd()).unwrap();
@@ -400,7 +385,7 @@ mod tests {
         assert_eq!(dir_inside(&facts, b.as_fd()), Ok(false));
         assert_eq!(
             check_resolved(&root_view, file.as_fd(), &file_id),
-            Err(refused(libc::EACCES, "object outside the share"))
+            Err(refused(&refusals::OUTSIDE_SHARE))
         );
         // deeper than PATH_MAX, built by fd (a path string would not fit)
         let name = "d".repeat(200);

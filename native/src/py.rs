@@ -60,7 +60,7 @@ impl PyKeyRing {
         let n = self
             .ring
             .sign(&share_id(share)?, handle_type, kernel_bytes, &mut out)
-            .ok_or_else(|| PyValueError::new_err("kernel handle too large for the MAC trailer"))?;
+            .ok_or_else(|| PyValueError::new_err(crate::refusals::HANDLE_TOO_LARGE.text()))?;
         Ok(PyBytes::new(py, &out[..n]))
     }
 
@@ -437,6 +437,40 @@ fn intake_decode<'py>(
     Ok((message.name(), out))
 }
 
+/// A refusal of the table as the native plane compiled it (native/build.rs): code, errno,
+/// errno name, reason, its parts, counted, and the finished {strerror} texts by errno with
+/// the fallback's. tests/unit/test_refusals.py compares them with protocol/refusals.py's.
+type RefusalRow = (
+    &'static str,
+    i32,
+    &'static str,
+    &'static str,
+    Vec<&'static str>,
+    bool,
+    Vec<(i32, &'static str)>,
+    &'static str,
+);
+
+/// Every refusal the native plane knows, in the table's order.
+#[pyfunction]
+fn refusal_table() -> Vec<RefusalRow> {
+    crate::refusals::ALL
+        .iter()
+        .map(|e| {
+            (
+                e.code,
+                e.errno,
+                e.errno_name,
+                e.reason,
+                e.parts.to_vec(),
+                e.counted,
+                e.strerror.to_vec(),
+                e.strerror_otherwise,
+            )
+        })
+        .collect()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
@@ -447,5 +481,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPlane>()?;
     m.add_function(wrap_pyfunction!(intake_encode, m)?)?;
     m.add_function(wrap_pyfunction!(intake_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(refusal_table, m)?)?;
     Ok(())
 }

@@ -4,16 +4,22 @@ every answer compared.
 Two fhmon services share one key directory and one share, one with data_plane = "python"
 and one with data_plane = "native"; a target under each makes the same calls (hypothesis).
 Answers must be identical: errno, every byte written to the target (so the signed handles
-too: a handle one plane made opens under the other), and what an opened fd is.
+too: a handle one plane made opens under the other), and what an opened fd is; and so must
+the audit line of each refused call (reason, code, errno, syscall, share, and which process
+called: all but the time and the ids each service gives), read from each service's log. The
+reference writes its line before it answers; the native plane's comes through its flush
+(monitor/dataplane.py), a moment later, and is waited for.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from protocol import refusals
 from tests.support import NOBODY, Agent, Service, World
 from tests.support.handles import N2HResult
 from tests.support.mounts import mounted
@@ -72,6 +79,80 @@ def planes(world: World, plane_services: tuple[Service, Service]) -> Iterator[tu
             agent.close()
 
 
+class AuditTail:
+    """The call_refused lines a service logged since the last take."""
+
+    def __init__(self, service: Service) -> None:
+        self.path = service.log_path
+        self.offset = self.path.stat().st_size
+
+    def take(self, at_least: int = 0, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The new lines (whole ones), waiting up to `timeout` for `at_least` of them."""
+        lines: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.path.open("rb") as log:
+                log.seek(self.offset)
+                chunk = log.read()
+            whole = chunk[: chunk.rfind(b"\n") + 1]
+            self.offset += len(whole)
+            for line in whole.splitlines():
+                if line.startswith(b"{"):
+                    event = json.loads(line)
+                    if event.get("event") == "call_refused":
+                        lines.append(event)
+            if len(lines) >= at_least or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.005)
+
+
+def _audit_line(event: dict[str, Any], caller: Agent) -> dict[str, Any]:
+    """An audit line without what differs between two services by nature (the time, the
+    caller's TID, the target id each service gives), once those are checked: the caller is
+    the agent, and the line is one of the table's refusals (protocol/refusals.toml)."""
+    assert event["tgid"] == caller.pid and isinstance(event["tid"], int), event
+    assert isinstance(event["target"], int), event
+    refusal = refusals.by_reason(event["reason"])
+    assert refusal is not None, f"a reason no table has: {event}"
+    assert getattr(errno, event["errno"]) == refusal.errno, event
+    assert event.get("code") == (refusal.code if refusal.counted else None), event
+    return {k: v for k, v in event.items() if k not in ("ts", "tid", "tgid", "target")}
+
+
+class Audits:
+    """The two services' audit lines, compared call for call (python first: the reference)."""
+
+    def __init__(self, services: tuple[Service, Service]) -> None:
+        self.tails = tuple(AuditTail(service) for service in services)
+        self.compared = 0
+
+    def agree(self, agents: tuple[Agent, Agent], context: object) -> list[dict[str, Any]]:
+        """The reference's lines since the last call, which the native plane's must equal."""
+        want = self.tails[0].take()
+        got = self.tails[1].take(at_least=len(want))
+        python = [_audit_line(e, agents[0]) for e in want]
+        native = [_audit_line(e, agents[1]) for e in got]
+        assert native == python, f"audit lines differ for {context}: python {want} native {got}"
+        self.compared += len(python)
+        return python
+
+    def forget_reference(self) -> None:
+        """Drop the reference's lines of calls only it was asked (a test's own set-up)."""
+        self.tails[0].take()
+
+    def none_left(self) -> None:
+        time.sleep(0.2)  # a native line still on its way
+        left = [tail.take() for tail in self.tails]
+        assert left == [[], []], f"audit lines no call accounts for: (python, native) {left}"
+
+
+@pytest.fixture
+def audits(plane_services: tuple[Service, Service]) -> Iterator[Audits]:
+    audits = Audits(plane_services)
+    yield audits
+    audits.none_left()
+
+
 COMPONENTS = ["", "", "file", "dir", "dir/deep/leaf", "link_in", "link_out", "fifo", "..",
               "missing"]
 flag_bits = st.sets(st.sampled_from([AT_EMPTY_PATH, AT_EMPTY_PATH, AT_SYMLINK_FOLLOW,
@@ -89,8 +170,8 @@ places = st.sampled_from(["normal", "normal", "normal", "end_of_page", "straddle
 @given(path=st.sampled_from(COMPONENTS), flags=flag_bits, hb=handle_bytes, dirfd=dirfds,
        path_place=st.sampled_from(["normal"] * 6 + ["unmapped", "null", "end_of_page"]),
        handle_place=places, mount_place=places)
-def test_name_to_handle_at_answers_are_identical(planes: tuple[Agent, Agent], path: str,
-                                                 flags: int, hb: int, dirfd: Any,
+def test_name_to_handle_at_answers_are_identical(planes: tuple[Agent, Agent], audits: Audits,
+                                                 path: str, flags: int, hb: int, dirfd: Any,
                                                  path_place: str, handle_place: str,
                                                  mount_place: str) -> None:
     python, native = planes
@@ -104,6 +185,7 @@ def test_name_to_handle_at_answers_are_identical(planes: tuple[Agent, Agent], pa
     want = python.call("n2h", **call)
     got = native.call("n2h", **call)
     assert got == want, f"call={call}"
+    audits.agree(planes, call)
 
 
 def _handle(agent: Agent, path: str) -> tuple[int, bytes]:
@@ -143,12 +225,13 @@ OBH_FLAGS = [O_RDONLY, O_WRONLY, O_RDWR, O_PATH, O_PATH | O_DIRECTORY, O_RDONLY 
        mount_fd=st.sampled_from(["share", "share", "cwd", "d_opath", "d_file", "out_opath",
                                  999, -1]),
        flip=st.sampled_from([None, None, None, 0, 5, -1]))
-def test_open_by_handle_at_answers_are_identical(planes: tuple[Agent, Agent], path: str,
-                                                 flags: int, place: str, hb: int | None,
-                                                 htype: int | None, mount_fd: Any,
-                                                 flip: int | None) -> None:
+def test_open_by_handle_at_answers_are_identical(planes: tuple[Agent, Agent], audits: Audits,
+                                                 path: str, flags: int, place: str,
+                                                 hb: int | None, htype: int | None,
+                                                 mount_fd: Any, flip: int | None) -> None:
     python, native = planes
     handle_type, f_handle = _handle(python, path)
+    audits.agree(planes, f"n2h {path}")
     if flip is not None:
         tampered = bytearray(f_handle)
         tampered[flip] ^= 0x40
@@ -164,13 +247,27 @@ def test_open_by_handle_at_answers_are_identical(planes: tuple[Agent, Agent], pa
     got.pop("ret", None)
     assert got == want, f"call={call}"
     assert got["errno"] != -1, got  # never a bogus fd
+    audits.agree(planes, call)
 
 
 def test_a_refusal_is_audited_by_the_native_plane(planes: tuple[Agent, Agent],
-                                                  world: World) -> None:
-    _, native = planes
-    r = native.call("n2h", path="", flags=AT_EMPTY_PATH, dirfd="out_opath")
-    assert r["errno"] == errno.EACCES
+                                                  audits: Audits, world: World) -> None:
+    """The same audit line from both planes, and the comparison is not of nothing."""
+    python = planes[0]
+    for agent in planes:
+        r = agent.call("n2h", path="", flags=AT_EMPTY_PATH, dirfd="out_opath")
+        assert r["errno"] == errno.EACCES
+    [line] = audits.agree(planes, "n2h of a directory outside the share")
+    assert line["code"] in ("outside_share", "outside_share_mount"), line
+    assert line["syscall"] == "name_to_handle_at" and line["errno"] == "EACCES", line
+    handle_type, f_handle = _handle(python, "file")
+    forged = bytearray(f_handle)
+    forged[-1] ^= 0x40  # the MAC's last byte
+    for agent in planes:
+        r = agent.call("obh", handle_type=handle_type, f_handle=forged.hex(), flags=O_RDONLY)
+        assert r["errno"] == errno.ESTALE
+    [line] = audits.agree(planes, "obh of a forged handle")
+    assert line["reason"] == refusals.MAC_INVALID.reason and line["code"] == "mac_invalid"
 
 
 @pytest.mark.parametrize("flags", [0, AT_SYMLINK_FOLLOW, AT_HANDLE_FID, AT_HANDLE_MNT_ID_UNIQUE,
@@ -178,13 +275,14 @@ def test_a_refusal_is_audited_by_the_native_plane(planes: tuple[Agent, Agent],
 @pytest.mark.parametrize("path", ["file", "dir", "dir/deep/leaf", "link_in", "link_out",
                                   "fifo", "missing", "/", "."])
 @pytest.mark.parametrize("dirfd", ["cwd", "d_dir"])
-def test_every_lookup_flag_answers_identically(planes: tuple[Agent, Agent], flags: int,
-                                               path: str, dirfd: str) -> None:
+def test_every_lookup_flag_answers_identically(planes: tuple[Agent, Agent], audits: Audits,
+                                               flags: int, path: str, dirfd: str) -> None:
     """Deterministic corners the random test may miss (AT_HANDLE_CONNECTABLE handles are
     made through the object's magic link; a finding of this branch, fixed)."""
     python, native = planes
     call = {"path": path, "flags": flags, "dirfd": dirfd}
     assert native.call("n2h", **call) == python.call("n2h", **call), call
+    audits.agree(planes, call)
 
 
 # --- shares that are not a whole filesystem (the confinement of h3-confine, both planes) --
@@ -262,7 +360,7 @@ def bind_subdir(request: pytest.FixtureRequest, world: World) -> Iterator[tuple[
 
 
 def test_bind_mounted_subdirectory_share_answers_identically(
-        plane_services: tuple[Service, Service], world: World,
+        plane_services: tuple[Service, Service], audits: Audits, world: World,
         bind_subdir: tuple[str, Path, Path]) -> None:
     """A share that is the root of a bind mount of a subdirectory (not a whole filesystem):
     the same lookups, held fds and handles under both planes, with the directory d inside,
@@ -281,11 +379,13 @@ def test_bind_mounted_subdirectory_share_answers_identically(
             r = N2HResult.of(python.call("n2h", path="", dirfd=dirfd, flags=AT_EMPTY_PATH))
             if r.errno == 0:
                 handles[name] = (int(r.handle_type or 0), r.f_handle)
+        audits.forget_reference()  # the handles were made by the reference alone
 
         def compare(state: str) -> dict[str, Any]:
             want, got = (_answers(agent, handles) for agent in agents)
             diff = {k: (want[k], got[k]) for k in want if want[k] != got[k]}
             assert not diff, f"{fs}, {state}: (python, native) differ: {diff}"
+            audits.agree((agents[0], agents[1]), f"{fs}, {state}")
             return want
 
         inside = compare("d inside")
@@ -303,6 +403,7 @@ def test_bind_mounted_subdirectory_share_answers_identically(
         assert out[f"obh d flags={O_RDONLY | O_DIRECTORY:#o}"]["errno"] == errno.ESTALE
         assert out[f"obh deep flags={O_PATH:#o}"]["errno"] == errno.ESTALE
         assert out[f"n2h held/'f' flags={0:#x}"]["errno"] == errno.EACCES
+        assert audits.compared > 0  # the refusals' lines were compared, not nothing
         assert out[f"n2h deep/'' flags={AT_EMPTY_PATH:#x}"]["errno"] == errno.EACCES
         assert out[f"obh d/f flags={O_RDONLY:#o}"]["errno"] == 0  # files: trusted on MAC
 
@@ -328,7 +429,7 @@ def test_bind_mounted_subdirectory_share_answers_identically(
 @pytest.mark.parametrize("case", ["writable", "read-only bind mount", "immutable",
                                   "read-only superblock"])
 def test_o_path_fallback_answers_identically(plane_services: tuple[Service, Service],
-                                             world: World, case: str) -> None:
+                                             audits: Audits, world: World, case: str) -> None:
     """The O_PATH fallback (a readable fd only where the target's own chmod would succeed)
     on the target's own mode-000 file and 0311 directory and on root's 000 file."""
     names = {"mine000": O_PATH, "xdir": O_PATH | O_DIRECTORY, "theirs000": O_PATH}
@@ -370,6 +471,7 @@ def test_o_path_fallback_answers_identically(plane_services: tuple[Service, Serv
         agents = [stack.enter_context(contextlib.closing(
             Agent(world, "fhmon", share, service.socket))) for service in plane_services]
         handles = {name: _handle(agents[0], name) for name in names}
+        audits.forget_reference()
         if case in ("writable", "immutable"):
             lock(share)
         if case == "immutable":
@@ -388,6 +490,7 @@ def test_o_path_fallback_answers_identically(plane_services: tuple[Service, Serv
             answers.append(got)
         want, got = answers
         assert got == want, f"{case}: python {want} native {got}"
+        audits.agree((agents[0], agents[1]), case)
         readable = {k for k, r in want.items() if r["errno"] == 0}
         granted = {f"mine000 flags={O_PATH:#o}", f"xdir flags={O_PATH | O_DIRECTORY:#o}"}
         assert readable == (granted if case == "writable" else set()), (case, want)

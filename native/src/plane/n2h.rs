@@ -8,10 +8,11 @@ use crate::abi;
 use crate::creds::ActingAs;
 use crate::handle::{self, MAX_HANDLE_SZ, MAX_KERNEL_HANDLE_SIZE};
 use crate::policy::{self, PATH_MAX};
+use crate::refusals;
 use crate::sys;
 
 use super::call::Call;
-use super::outcome::{Outcome, err};
+use super::outcome::{Outcome, err, refused};
 use super::target_thread::{open_proc_link, read_path, take_fd, write};
 
 /// name_to_handle_at(dirfd, pathname, handle, mount_id, flags) for the call's thread.
@@ -75,13 +76,10 @@ pub(super) fn answer(call: &mut Call) -> Outcome {
     drop(obj);
     let file_type = id.mode & libc::S_IFMT;
     if file_type != libc::S_IFDIR && file_type != libc::S_IFREG {
-        return Outcome::Error(libc::EOPNOTSUPP, Some("no handles for this file type"));
+        return refused(&refusals::FILE_TYPE_NO_HANDLE);
     }
     if len > MAX_KERNEL_HANDLE_SIZE {
-        return Outcome::Error(
-            libc::EOPNOTSUPP,
-            Some("kernel handle too large for the MAC trailer"),
-        );
+        return refused(&refusals::HANDLE_TOO_LARGE);
     }
     // the header, as read_exact(handle_ptr, 8)
     if handle_ptr == 0 || handle_ptr.checked_add(8).is_none() {

@@ -8,10 +8,11 @@ use crate::abi::{self, Notification};
 use crate::creds::{ActingAs, Baseline};
 use crate::handle::{self, MAX_HANDLE_SZ};
 use crate::policy;
+use crate::refusals;
 use crate::sys;
 
 use super::call::Call;
-use super::outcome::{Outcome, err, resource_or_gone};
+use super::outcome::{Outcome, err, refused, resource_or_gone};
 use super::target::Target;
 use super::target_thread::{known_mount_fd, remember_mount_fd, take_fd};
 
@@ -52,7 +53,7 @@ pub(super) fn answer(call: &mut Call, base: &Baseline) -> Outcome {
                 copy[..k.len()].copy_from_slice(k);
                 (copy, k.len())
             }
-            None => return Outcome::Error(libc::ESTALE, Some("bad or foreign MAC")),
+            None => return refused(&refusals::MAC_INVALID),
         }
     } else {
         let mut copy = [0u8; MAX_HANDLE_SZ];
@@ -60,7 +61,7 @@ pub(super) fn answer(call: &mut Call, base: &Baseline) -> Outcome {
         (copy, f_handle.len())
     };
     if mount_dev != target.share.facts.dev {
-        return Outcome::Error(libc::ESTALE, Some("mount_fd on another filesystem"));
+        return refused(&refusals::MOUNT_FD_FOREIGN);
     }
     let obj = match sys::open_by_handle_at(
         target.share.dir_fd.as_fd(),
@@ -77,10 +78,7 @@ pub(super) fn answer(call: &mut Call, base: &Baseline) -> Outcome {
     };
     let is_dir = id.is_dir();
     if !(is_dir || id.mode & libc::S_IFMT == libc::S_IFREG) {
-        return Outcome::Error(
-            libc::EACCES,
-            Some("fhmon opens only directories and regular files"),
-        );
+        return refused(&refusals::FILE_TYPE_REFUSED);
     }
     if let Err(refusal) = policy::check_opened(&target.share.root(), obj.as_fd(), &id) {
         return Outcome::Error(refusal.errno, refusal.reason);

@@ -8,6 +8,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 
 use crate::abi::Notification;
+use crate::refusals::Entry;
 use crate::sys::{self, Errno};
 
 use super::target::Target;
@@ -23,6 +24,11 @@ pub(super) enum Outcome {
     Gone,
     /// answered by the Python reference instead (answer.rs Fallback)
     Defer,
+}
+
+/// A refusal of the table (protocol/refusals.toml): its errno, its reason audited.
+pub(super) fn refused(entry: &Entry) -> Outcome {
+    Outcome::Error(entry.errno, Some(entry.text()))
 }
 
 /// An errno answer without a reason to audit.
