@@ -19,9 +19,21 @@ struct CapData {
 
 /// (effective, permitted, inheritable) of the calling thread, as 64-bit masks.
 pub fn capget_thread() -> Result<(u64, u64, u64), Errno> {
+    capget(0)
+}
+
+/// capget of another thread by TID: (effective, permitted). The TID is a number: only a
+/// liveness proof through the thread's pidfd after the call shows it named that thread.
+pub fn capget_tid(tid: u32) -> Result<(u64, u64), Errno> {
+    let pid = i32::try_from(tid).map_err(|_| libc::ESRCH)?;
+    capget(pid).map(|(effective, permitted, _)| (effective, permitted))
+}
+
+/// capget(2) of `pid` (0: the calling thread): its three sets as 64-bit masks.
+fn capget(pid: i32) -> Result<(u64, u64, u64), Errno> {
     let mut header = CapHeader {
         version: abi::LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
+        pid,
     };
     let mut data = [CapData::default(); 2];
     // SAFETY: a version-3 header and the two data structs that version reads and writes.
@@ -34,26 +46,6 @@ pub fn capget_thread() -> Result<(u64, u64, u64), Errno> {
         join(data[0].effective, data[1].effective),
         join(data[0].permitted, data[1].permitted),
         join(data[0].inheritable, data[1].inheritable),
-    ))
-}
-
-/// capget of another thread by TID: (effective, permitted). The TID is a number: only a
-/// liveness proof through the thread's pidfd after the call shows it named that thread.
-pub fn capget_tid(tid: u32) -> Result<(u64, u64), Errno> {
-    let mut header = CapHeader {
-        version: abi::LINUX_CAPABILITY_VERSION_3,
-        pid: i32::try_from(tid).map_err(|_| libc::ESRCH)?,
-    };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: a version-3 header and the two data structs that version reads and writes.
-    let ret = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
-    if ret < 0 {
-        return Err(last_errno());
-    }
-    let join = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
-    Ok((
-        join(data[0].effective, data[1].effective),
-        join(data[0].permitted, data[1].permitted),
     ))
 }
 
