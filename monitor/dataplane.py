@@ -33,8 +33,10 @@ from monitor.plane.thread_cache import MAX_CACHED_THREADS
 from protocol import kernel
 
 if TYPE_CHECKING:
+    from monitor import _native
     from monitor.calls import Answerer, Target
     from monitor.listener import SharedReceiveLock
+    from monitor.policy import Share
     from monitor.signing import KeyRing
 
 _log = logging.getLogger("fhmon.dataplane")
@@ -98,13 +100,11 @@ class NativeDataPlane:
             ) from None
 
     def add(self, target: Target, hung_up: Callable[[], None]) -> None:
-        share = target.share
         with self._lock:
             self._targets[target.target_id] = (target, hung_up)
         try:
             self._plane.add(target.target_id, target.listener.fd, target.peer.uid,
-                            share.share_id, share.dir_fd, share.path_fd, share.mount_id,
-                            share.dev, share.ino, share.whole_fs)
+                            native_share_root(target.share))
         except BaseException:
             with self._lock:
                 del self._targets[target.target_id]
@@ -145,18 +145,20 @@ class NativeDataPlane:
 
     def flush(self) -> None:
         """The native counts into CallStats, the native refusals into the audit log."""
-        results, seconds, buckets, refusals, calls, panics = self._plane.take_stats()
+        counted = self._plane.take_stats()
+        results, refusals = counted.results, counted.refusals
         if results or refusals:  # a refusal is counted before its call's result
             self._stats.merge(
                 {(syscall, _result_name(code)): n for syscall, code, n in results},
-                dict(seconds), dict(refusals), {s: list(c) for s, c in buckets})
-        for target_id, n in calls:  # Target.calls: the reference counts its own (Answerer)
+                dict(counted.seconds), dict(refusals),
+                {s: list(c) for s, c in counted.buckets})
+        for target_id, n in counted.calls:  # Target.calls: the reference counts its own
             with self._lock:
                 entry = self._targets.get(target_id)
             if entry is not None:
                 entry[0].calls += n
-        if panics:
-            log.event("data_plane_panic", logging.ERROR, calls=panics,
+        if counted.panics:
+            log.event("data_plane_panic", logging.ERROR, calls=counted.panics,
                       detail="a native call's work panicked; answered EIO, thread serves on")
         events, dropped = self._plane.drain_events()
         for syscall, err, reason, tid, tgid, target_id in events:
@@ -184,6 +186,16 @@ class NativeDataPlane:
             entry = self._targets.get(target_id)
         if entry is not None:
             entry[1]()
+
+
+def native_share_root(share: Share) -> _native.ShareRoot:
+    """The share as the native plane's add() takes it; its fds stay the share's own (the
+    plane duplicates them)."""
+    from monitor import _native
+
+    return _native.ShareRoot(share_id=share.share_id, dir_fd=share.dir_fd,
+                             path_fd=share.path_fd, mount_id=share.mount_id, dev=share.dev,
+                             ino=share.ino, whole_fs=share.whole_fs)
 
 
 def _result_name(code: int) -> str:
@@ -221,4 +233,4 @@ def make_data_plane(plane: str, answer: Answerer, stats: CallStats, keys: KeyRin
 
 
 __all__ = ["DataPlane", "DataPlaneUnavailable", "NativeDataPlane", "PythonDataPlane",
-           "make_data_plane", "native_threads"]
+           "make_data_plane", "native_share_root", "native_threads"]

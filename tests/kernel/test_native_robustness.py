@@ -73,10 +73,10 @@ def test_a_panic_is_answered_eio_and_its_thread_serves_on(world: World, plane: o
         panics = 0
         deadline = time.monotonic() + 10
         while sum(counted.values()) < calls and time.monotonic() < deadline:
-            res, _, _, _, per_target, n = p.take_stats()
-            results.update({(s, code): k for s, code, k in res})
-            counted.update(dict(per_target))
-            panics += n
+            stats = p.take_stats()
+            results.update({(s, code): k for s, code, k in stats.results})
+            counted.update(dict(stats.calls))
+            panics += stats.panics
             time.sleep(0.01)
         assert panics == 2
         assert results == {("name_to_handle_at", errno.EIO): 2,

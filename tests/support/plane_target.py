@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monitor import policy, seccomp_filter
+from monitor.dataplane import native_share_root
 from tests.support.world import NOBODY, World
 
 
@@ -79,8 +80,7 @@ def plane_target(plane: Any, world: World, program: str, path: str, *args: str,
     os.close(write_end)
     target = PlaneTarget(pid, read_end, channel)
     try:
-        plane.add(target_id, listener, 0, share.share_id, share.dir_fd, share.path_fd,
-                  share.mount_id, share.dev, share.ino, share.whole_fs)
+        plane.add(target_id, listener, 0, native_share_root(share))
         yield target
     finally:
         if target.pid:

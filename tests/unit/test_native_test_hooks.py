@@ -21,8 +21,8 @@ PLANE = [SRC / "plane.rs", *sorted((SRC / "plane").glob("*.rs"))]
 # (the files, the line that starts the hook): what only tests and benchmarks call
 HOOKS = [
     ([SRC / "lib.rs"], "pub mod fuzzing;"),
-    ([SRC / "py.rs"], "fn cost("),
-    ([SRC / "py.rs"], "fn panic_next_calls("),
+    ([SRC / "py" / "keyring.rs"], "fn cost("),
+    ([SRC / "py" / "plane.rs"], "fn panic_next_calls("),
     (PLANE, "pub fn panic_next_calls("),
     (PLANE, "pub(super) fn panic_next_calls("),
     (PLANE, "panic_next: AtomicU64,"),
