@@ -112,13 +112,15 @@ class Monitor:
     """One `fhmon serve`; `settings` are extra TOML lines (signing, sync_wakeup, ...)."""
 
     def __init__(self, base: Path, name: str, settings: dict[str, str], share: Path,
-                 profile: Path | None = None) -> None:
+                 profile: Path | None = None, executable: str = FHMON) -> None:
+        """executable: the `fhmon` to serve with (another build's, to compare two in one
+        run: bench.run --build)."""
         self.name = name
         self.dir = base / f"mon-{name}"
         self.dir.mkdir(mode=0o755)
         self.socket = str(self.dir / "s.sock")
         keys = self.dir / "keys"
-        subprocess.run([FHMON, "keygen", "--key-dir", str(keys)], check=True,
+        subprocess.run([executable, "keygen", "--key-dir", str(keys)], check=True,
                        capture_output=True)
         config = self.dir / "c.toml"
         lines = ['log_level = "warning"'] + [f"{k} = {v}" for k, v in settings.items()]
@@ -127,7 +129,7 @@ class Monitor:
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         serve = ["serve", "--config", str(config), "--socket", self.socket, "--key-dir",
                  str(keys), "--allow", str(share)]
-        argv = [FHMON, *serve]
+        argv = [executable, *serve]
         if profile is not None:  # cProfile writes its stats when serve returns (SIGTERM)
             argv = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "monitor.cli",
                     *serve]

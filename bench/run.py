@@ -21,6 +21,10 @@ runs once per configuration:
   fhmon-KEY     every other boolean config key of `fhmon serve --print-config` (a lever
                 such as recv_thread) flipped from its default; a worker count too
   (more with --variant NAME:key=value,...)
+  NAME          with --build NAME=FHMON: the defaults served by another build's `fhmon`
+                executable (say a checkout of the commit before a change: its
+                .venv/bin/fhmon), so that two builds are compared in one interleaved run;
+                the targets' `fhmon launch` is this checkout's
 
 fhmon CPU per call is the CPU time of fhmon's process tree over a run divided by its calls.
 Every cell is repeated (--repeat, configurations interleaved) and the medians reported;
@@ -67,6 +71,7 @@ from typing import Any
 from bench import levers as levers_mod
 from bench import report as rep
 from bench.procs import (
+    FHMON,
     SYSTEM_PYTHON,
     BenchError,
     Monitor,
@@ -137,6 +142,16 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
             raise SystemExit(f"--variant {text!r}: {item!r} is not key=value")
         settings[key.strip()] = value.strip()
     return name, settings
+
+
+def parse_build(text: str) -> tuple[str, str]:
+    """NAME=PATH: PATH an executable `fhmon` (another checkout's .venv/bin/fhmon)."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise SystemExit(f"--build {text!r}: expected NAME=PATH of an fhmon executable")
+    if not os.access(path, os.X_OK):
+        raise SystemExit(f"--build {name}: {path} is not an executable fhmon")
+    return name, path
 
 
 NOT_LEVERS = {"signing", "sync_wakeup", "drop_capabilities"}
@@ -440,6 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configs", help="comma list of configurations to run (default all)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME:K=V,...",
                    help="another fhmon configuration, e.g. fhmon-w2:workers=2")
+    p.add_argument("--build", action="append", default=[], metavar="NAME=FHMON",
+                   help="one more configuration: fhmon's defaults served by the `fhmon` "
+                        "executable FHMON of another build (before/after a change)")
     p.add_argument("--no-levers", action="store_true", help="skip bench.levers")
     p.add_argument("--no-matrix", action="store_true", help="only levers and/or soak")
     p.add_argument("--soak", type=int, default=0, metavar="CALLS",
@@ -512,6 +530,11 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [k for k in settings if k not in keys]
         if unknown and name in dict(parse_variant(v) for v in args.variant):
             raise SystemExit(f"--variant {name}: fhmon has no config key {unknown}")
+    builds = dict(parse_build(b) for b in args.build)
+    for name in builds:
+        if name in variants or name in ("kernel", REFMON):
+            raise SystemExit(f"--build {name}: that name is a configuration already")
+        variants[name] = {}
     configs = ["kernel", REFMON, *variants]
     if args.configs:
         wanted = args.configs.split(",")
@@ -540,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
                 if name == REFMON and refmon is not None:
                     monitors[name] = ReferenceMonitor(base, name, refmon, base / "share")
                 elif name != "kernel":
-                    monitors[name] = Monitor(base, name, variants[name], base / "share")
+                    monitors[name] = Monitor(base, name, variants[name], base / "share",
+                                             executable=builds.get(name, FHMON))
             report["results"] = run_matrix(base, cells, configs, variants, monitors, args)
             report["signing"] = levers_mod.signing_costs(2000 if args.quick else 20000)
         for m in monitors.values():
