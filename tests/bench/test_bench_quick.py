@@ -28,3 +28,32 @@ def test_bench_quick(tmp_path: Path) -> None:
     assert {r["op"] for r in report["results"]} == {"n2h", "obh", "mix"}
     assert all(not r["errors"] for r in report["results"])
     assert report["levers"]["floor"] and report["levers"]["primitives"]
+
+
+def test_a_second_build_serves_its_own_configuration(tmp_path: Path) -> None:
+    """--build NAME=FHMON: NAME is served by that executable (here a wrapper that leaves a
+    mark before it execs this checkout's fhmon), side by side with fhmon."""
+    mark = tmp_path / "served"
+    wrapper = tmp_path / "other-fhmon"
+    wrapper.write_text(f"#!/bin/sh\necho \"$@\" >> {mark}\n"
+                       f"exec {Path(sys.executable).with_name('fhmon')} \"$@\"\n")
+    wrapper.chmod(0o755)
+    out = tmp_path / "build.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--no-levers", "--ops", "n2h",
+                           "--threads", "1", "--targets", "1", "--pinning", "unpinned",
+                           "--repeat", "1", "--calls", "500", "--configs", "fhmon,other",
+                           "--build", f"other={wrapper}", "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    served = mark.read_text().splitlines()
+    assert [line.split()[0] for line in served] == ["keygen", "serve"]
+    report = json.loads(out.read_text())
+    assert {r["config"] for r in report["results"]} == {"fhmon", "other"}
+
+
+def test_a_build_that_is_no_executable_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--no-levers",
+                           "--build", f"other={tmp_path / 'missing'}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "is not an executable fhmon" in proc.stderr
