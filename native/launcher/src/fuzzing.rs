@@ -2,7 +2,7 @@
 //! bytes to one of its parsers and checks that it answers (never a panic) and keeps its
 //! own promises. The intake codec's own is fhmon_native::fuzzing::intake.
 
-use crate::{args, channel, run, users};
+use crate::{args, channel, stuck_calls, users};
 
 /// Arbitrary bytes as an argv: NUL-separated.
 fn argv_of(data: &[u8]) -> Vec<Vec<u8>> {
@@ -94,5 +94,5 @@ pub fn channel_bytes(data: &[u8]) {
         assert!(code >= 0);
         assert_eq!(data[0], channel::EXEC_FAILED);
     }
-    let _ = run::thread_state(data);
+    let _ = stuck_calls::thread_state(data);
 }
