@@ -166,7 +166,7 @@ class NativeDataPlane:
                 entry = self._targets.get(target_id)
             log.audit("call_refused", syscall=syscall, errno=_result_name(err), reason=reason,
                       code=refusal_code(reason), tid=tid, tgid=tgid,
-                      share=entry[0].share.host_path if entry else None, target=target_id)
+                      share=entry[0].share.facts.host_path if entry else None, target=target_id)
         if dropped:
             log.event("audit_dropped", logging.WARNING, refusals=dropped)
 
@@ -193,9 +193,10 @@ def native_share_root(share: Share) -> _native.ShareRoot:
     plane duplicates them)."""
     from monitor import _native
 
-    return _native.ShareRoot(share_id=share.share_id, dir_fd=share.dir_fd,
-                             path_fd=share.path_fd, mount_id=share.mount_id, dev=share.dev,
-                             ino=share.ino, whole_fs=share.whole_fs)
+    facts = share.facts
+    return _native.ShareRoot(share_id=facts.share_id, dir_fd=share.dir_fd,
+                             path_fd=share.path_fd, mount_id=facts.mount_id, dev=facts.dev,
+                             ino=facts.ino, whole_fs=facts.whole_fs)
 
 
 def _result_name(code: int) -> str:

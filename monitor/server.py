@@ -207,8 +207,8 @@ class Service:
         except RegistrationRefused as exc:
             self._refused(peer, exc.reason)
             return intake_wire.Refuse(exc.errno, exc.reason)
-        return intake_wire.Accept(target.target_id, target.share.share_id,
-                                  f"registered: share {target.share.host_path}")
+        return intake_wire.Accept(target.target_id, target.share.facts.share_id,
+                                  f"registered: share {target.share.facts.host_path}")
 
     def pong(self) -> intake_wire.Pong:
         return intake_wire.Pong(json.dumps({
@@ -257,9 +257,9 @@ class Service:
         self.stats.registrations["accepted"] += 1
         self.metrics.registrations.labels("accepted").inc()
         log.event("target_registered", target=target.target_id, pid=target_pid,
-                  share=share.host_path, share_in_target=share_path, convention=convention,
-                  peer_uid=peer.uid, peer_pid=peer.pid, mount_root=share.is_mount_root,
-                  whole_fs=share.whole_fs)
+                  share=share.facts.host_path, share_in_target=share_path, convention=convention,
+                  peer_uid=peer.uid, peer_pid=peer.pid, mount_root=share.facts.is_mount_root,
+                  whole_fs=share.facts.whole_fs)
         nursery.start_soon(self._serve_target, target)
         return target
 

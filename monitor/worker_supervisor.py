@@ -51,13 +51,11 @@ class WorkerProcess:
         return cls(process, ours)
 
     def add(self, target: Target) -> None:
-        s = target.share
+        share = target.share
         message = wire.AddTarget(
             target.target_id, target.pid, target.peer.pid, target.peer.uid, target.peer.gid,
-            target.convention, wire.ShareInfo(s.mount_id, s.dev, s.ino, s.share_id,
-                                              s.host_path, s.target_path, s.is_mount_root,
-                                              s.whole_fs))
-        self._send(wire.encode(message), [target.listener.fd, s.path_fd, s.dir_fd])
+            target.convention, share.facts)
+        self._send(wire.encode(message), [target.listener.fd, share.path_fd, share.dir_fd])
 
     def remove(self, target: Target) -> None:
         self._send(wire.encode(wire.RemoveTarget(target.target_id)))
