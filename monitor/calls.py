@@ -42,8 +42,8 @@ class Target:
     threads: ThreadCache = field(default_factory=ThreadCache)
 
     def describe(self) -> dict[str, Any]:
-        return {"id": self.target_id, "pid": self.pid, "share": self.share.host_path,
-                "share_in_target": self.share.target_path, "convention": self.convention,
+        return {"id": self.target_id, "pid": self.pid, "share": self.share.facts.host_path,
+                "share_in_target": self.share.facts.target_path, "convention": self.convention,
                 "peer_uid": self.peer.uid, "peer_pid": self.peer.pid, "calls": self.calls,
                 "registered_at": self.registered_at}
 

@@ -13,7 +13,10 @@ One interface, two implementations, chosen by the `data_plane` config key:
   (the middleware does it for the calls the reference answers).
 
 The server holds one DataPlane: add(target, hung_up) when a listener registers, remove()
-once it hung up (returns when no thread answers its calls), set_keys() on reload.
+once it hung up (returns when no thread answers its calls), set_keys() on reload. With
+`workers = N` that plane is the worker processes (monitor/worker_supervisor.py
+WorkerPlane), whose life is on fhmon serve's trio loop: hence supervise() and aclose(),
+which these two in-process planes need not do anything for.
 """
 
 from __future__ import annotations
@@ -58,8 +61,18 @@ class DataPlane(Protocol):
         """Counters, latency buckets and refusals of the calls answered so far into CallStats
         and the audit log now (status and scrapes call it, so that they see every answer)."""
 
+    async def supervise(self) -> None:
+        """fhmon serve awaits it in its nursery, beside run() on a thread, while it serves:
+        the plane's work on the trio loop (the worker processes' reports, hang-ups and
+        deaths); raises when the plane can no longer answer."""
+        return  # an in-process plane has none: run() does all its work
 
-class PythonDataPlane(PythonAnswerLoop):
+    async def aclose(self) -> None:
+        """close() where fhmon serve ends (the worker processes are waited for)."""
+        self.close()
+
+
+class PythonDataPlane(PythonAnswerLoop, DataPlane):
     """Today's path: the dispatch thread (the Answerer reads the current keys per call)."""
 
     def set_keys(self, keys: KeyRing) -> None:
@@ -69,7 +82,7 @@ class PythonDataPlane(PythonAnswerLoop):
         pass  # the middleware counts each call into CallStats as it is answered
 
 
-class NativeDataPlane:
+class NativeDataPlane(DataPlane):
     """monitor._native.Plane behind the DataPlane interface."""
 
     def __init__(self, answer: Answerer, stats: CallStats, keys: KeyRing, *, signing: bool,
@@ -166,7 +179,7 @@ class NativeDataPlane:
                 entry = self._targets.get(target_id)
             log.audit("call_refused", syscall=syscall, errno=_result_name(err), reason=reason,
                       code=refusal_code(reason), tid=tid, tgid=tgid,
-                      share=entry[0].share.host_path if entry else None, target=target_id)
+                      share=entry[0].share.facts.host_path if entry else None, target=target_id)
         if dropped:
             log.event("audit_dropped", logging.WARNING, refusals=dropped)
 
@@ -193,9 +206,10 @@ def native_share_root(share: Share) -> _native.ShareRoot:
     plane duplicates them)."""
     from monitor import _native
 
-    return _native.ShareRoot(share_id=share.share_id, dir_fd=share.dir_fd,
-                             path_fd=share.path_fd, mount_id=share.mount_id, dev=share.dev,
-                             ino=share.ino, whole_fs=share.whole_fs)
+    facts = share.facts
+    return _native.ShareRoot(share_id=facts.share_id, dir_fd=share.dir_fd,
+                             path_fd=share.path_fd, mount_id=facts.mount_id, dev=facts.dev,
+                             ino=facts.ino, whole_fs=facts.whole_fs)
 
 
 def _result_name(code: int) -> str:

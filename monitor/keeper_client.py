@@ -41,9 +41,9 @@ _SESSION_ERRORS = (OSError, trio.TooSlowError, trio.BrokenResourceError)
 
 def keeper_record(target: Target) -> dict[str, Any]:
     """What the keeper keeps of a target besides its listener, for fhmon's restore."""
-    return {"pid": target.pid, "share": target.share.target_path, "uid": target.peer.uid,
+    return {"pid": target.pid, "share": target.share.facts.target_path, "uid": target.peer.uid,
             "gid": target.peer.gid, "convention": target.convention,
-            "share_id": target.share.share_id.hex()}
+            "share_id": target.share.facts.share_id.hex()}
 
 
 class KeeperClient:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from monitor import linux, signing
 from monitor.plane.target_thread import SyscallError
 from protocol import kernel, refusals
+from protocol.share import ShareFacts
 
 
 class RegistrationRefused(Exception):
@@ -58,20 +59,12 @@ def is_below(path: str, root: str) -> bool:
 
 @dataclass(slots=True)
 class Share:
-    """A pinned share root: fds that keep naming the same directory whatever happens to paths."""
+    """A pinned share root: its facts (protocol.share.ShareFacts, fixed at registration) and
+    the fds that keep naming the same directory whatever happens to paths, which it owns."""
 
+    facts: ShareFacts
     path_fd: int  # O_PATH, for identity and path checks
     dir_fd: int  # O_RDONLY|O_DIRECTORY: a valid mount_fd for open_by_handle_at
-    mount_id: int  # unique mount id (statx)
-    dev: int
-    ino: int
-    share_id: bytes
-    host_path: str
-    target_path: str
-    is_mount_root: bool
-    # the share root is the root of its mount and that mount shows the filesystem's root:
-    # every inode a handle can name on that filesystem is inside the share
-    whole_fs: bool = False
     refs: int = field(default=1)
 
     def close(self) -> None:
@@ -131,8 +124,9 @@ def pin_share(root_fd: int, target_path: str, allow: list[str],
         whole_fs = (is_root and mountinfo_pid is not None
                     and linux.fstatfs(path_fd)[0] in LOCAL_FILESYSTEMS
                     and _mount_shows_fs_root(mountinfo_pid, path_fd))
-        return Share(path_fd, dir_fd, mnt, st.st_dev, st.st_ino, share_id, host_path,
-                     target_path, is_root, whole_fs)
+        facts = ShareFacts(share_id, mnt, st.st_dev, st.st_ino, host_path, target_path,
+                           is_root, whole_fs)
+        return Share(facts, path_fd, dir_fd)
     except BaseException:
         os.close(path_fd)
         if dir_fd >= 0:
@@ -230,7 +224,7 @@ def check_resolved(share: Share, obj_fd: int, obj_mount_id: int) -> None:
     for any filesystem without handles) and for a file whose place cannot be checked (see
     _file_inside); EACCES for anything outside the share.
     """
-    if obj_mount_id != share.mount_id:
+    if obj_mount_id != share.facts.mount_id:
         try:
             on_submount = is_below(fd_path(obj_fd), share.current_path())
         except OSError:  # too deep to print: outside for this answer, refused either way
@@ -238,7 +232,7 @@ def check_resolved(share: Share, obj_fd: int, obj_mount_id: int) -> None:
         if on_submount:
             raise SyscallError.refusing(refusals.SUBMOUNT)
         raise SyscallError.refusing(refusals.OUTSIDE_SHARE_MOUNT)
-    if share.whole_fs:
+    if share.facts.whole_fs:
         return
     mode = os.fstat(obj_fd).st_mode
     inside = _dir_inside(share, obj_fd) if stat.S_ISDIR(mode) else _file_inside(share, obj_fd)
@@ -252,9 +246,9 @@ def check_opened(share: Share, obj_fd: int, is_dir: bool, obj_mount_id: int) -> 
     outside; directories are always connected, so '..' walks up from them. Non-directories
     are trusted on their MAC (like NFS no_subtree_check): their dentry may be disconnected.
     """
-    if obj_mount_id != share.mount_id:
+    if obj_mount_id != share.facts.mount_id:
         raise SyscallError.refusing(refusals.OPENED_OUTSIDE_MOUNT)
-    if share.whole_fs or not is_dir:
+    if share.facts.whole_fs or not is_dir:
         return
     if not _dir_inside(share, obj_fd):
         raise SyscallError.refusing(refusals.DIRECTORY_LEFT_SHARE)
@@ -268,9 +262,9 @@ def _dir_inside(share: Share, dir_fd: int) -> bool:
     try:
         _, dev, ino, mnt = linux.statx_identity(cur)
         while True:
-            if mnt != share.mount_id:
+            if mnt != share.facts.mount_id:
                 return False
-            if (dev, ino) == (share.dev, share.ino):
+            if (dev, ino) == (share.facts.dev, share.facts.ino):
                 return True
             try:
                 parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)

@@ -416,12 +416,12 @@ def _pin_expected(expected: bytes, pids: tuple[int, int], share_path: str, allow
         except RegistrationRefused as exc:
             seen.append(exc.reason)
             continue
-        if hmac.compare_digest(share.share_id, expected):
+        if hmac.compare_digest(share.facts.share_id, expected):
             if pid != pids[0]:
                 log.event("share_pinned_in_client_namespace", logging.WARNING,
-                          share=share.host_path, target_saw="; ".join(seen))
+                          share=share.facts.host_path, target_saw="; ".join(seen))
             return share
-        seen.append(f"host path {share.host_path} is another share")
+        seen.append(f"host path {share.facts.host_path} is another share")
         share.close()
     raise RegistrationRefused(f"share {share_path} is not the share this listener was first "
                               f"registered with ({'; '.join(seen)})", errno.ESTALE)

@@ -1,5 +1,6 @@
 """The trio service, fhmon serve's composition root: it builds the pieces (intake,
-registration checks, data plane or worker processes, keeper client, metrics, key watch)
+registration checks, the data plane: in-process or worker processes, keeper client,
+metrics, key watch)
 and owns their lifetimes; one task per registered listener waits for its hang-up.
 
 All emulation work is synchronous and short; trio multiplexes the intake connections and
@@ -44,11 +45,9 @@ from monitor.registration import (
 )
 from monitor.signing import KeyDirError, KeyRing
 from monitor.stuck_calls import restart_stuck_calls_of
-from monitor.worker_supervisor import WorkerProcess, WorkerStartError
+from monitor.worker_supervisor import WorkerPlane
 from protocol import intake_wire, oci
 from protocol import worker as worker_wire
-
-WORKER_START_TIMEOUT = 30.0  # seconds for every worker to load its keys and lock down
 
 
 class MetricsAddressError(OSError):
@@ -75,8 +74,7 @@ class Service:
         self.started = time.time()
         self.key_error: str | None = None
         self.intake = Intake(config, self)
-        self._plane: DataPlane | None = None
-        self._workers: list[WorkerProcess] = []
+        self._plane: DataPlane | None = None  # in-process, or the worker processes
         # each target's fair share of the fd limit for its threads' pidfds (set again
         # once serve() has raised the limit)
         self.pidfds_per_target = cached_threads_per_target(config.max_targets)
@@ -88,7 +86,8 @@ class Service:
             ring = KeyRing.load(self.config.key_dir)
             if self._plane is not None:
                 # the native plane keeps its own (locked) copy: made before anything is
-                # swapped, so that a ring whose memory cannot be locked changes nothing
+                # swapped, so that a ring whose memory cannot be locked changes nothing;
+                # each worker process loads the directory itself
                 self._plane.set_keys(ring)
         except KeyDirError as exc:
             self.key_error = str(exc)
@@ -97,8 +96,6 @@ class Service:
         changed = (ring.key_ids, ring.signer) != (self.keys.key_ids, self.keys.signer)
         self.keys = ring  # one reference swap: every call sees the old ring or the new one
         self.key_error = None
-        for worker in self._workers:
-            worker.reload_keys()  # each loads the directory itself
         if changed:
             log.event("keys_reloaded", keys=[f"{k:08x}" for k in ring.key_ids],
                       signer=f"{ring.signer:08x}")
@@ -116,35 +113,22 @@ class Service:
         self.pidfds_per_target = cached_threads_per_target(self.config.max_targets)
         intake_socket = open_intake_socket(self.config)
         try:
-            # Before the sandbox: it allows no execve.
+            # The worker processes before the sandbox (it allows no execve), an in-process
+            # plane after it.
             if self.config.workers:
-                receive_lock_fd = os.memfd_create("fhmon-receive-lock", os.MFD_CLOEXEC)
-                try:
-                    for _ in range(self.config.workers):
-                        self._workers.append(
-                            await WorkerProcess.spawn(self._worker_start(), receive_lock_fd))
-                finally:
-                    os.close(receive_lock_fd)
-                with trio.move_on_after(WORKER_START_TIMEOUT) as waiting:
-                    for worker in self._workers:
-                        await worker.ready()
-                if waiting.cancelled_caught:
-                    raise WorkerStartError(f"the worker processes were not ready within "
-                                           f"{WORKER_START_TIMEOUT:g} s")
+                workers = self._plane = WorkerPlane(self.stats)
+                await workers.start(self._worker_start(), self.config.workers)
             for event, fields in lock_down(drop_caps=self.config.drop_capabilities,
                                            sandbox=self.config.sandbox).items():
                 log.event(event, **fields)
-            if not self._workers:
+            if self._plane is None:
                 c = self.config
                 self._plane = make_data_plane(c.data_plane, self._answer, self.stats,
                                               self.keys, signing=c.signing,
                                               threads_per_target=c.data_plane_threads,
                                               pidfds_per_target=self.pidfds_per_target)
             async with trio.open_nursery() as nursery:
-                if self._plane is not None:
-                    nursery.start_soon(self._run_data_plane, self._plane)
-                for worker in self._workers:
-                    nursery.start_soon(self._supervise_worker, worker)
+                nursery.start_soon(self._run_data_plane, self._plane)
                 nursery.start_soon(watch_key_dir, self.config.key_dir, self.reload_keys,
                                    lambda: self.keys_loaded_from)
                 nursery.start_soon(self.sweep_threads)
@@ -169,11 +153,8 @@ class Service:
                 await self.intake.serve(intake_socket.sock, nursery)
         finally:
             intake_socket.close()
-            for worker in self._workers:
-                await worker.stop()
-            self._workers.clear()
             if self._plane is not None:
-                self._plane.close()
+                await self._plane.aclose()
                 self._plane = None
             log.event("shutdown", counters=self.stats.as_dict(),
                       refusals=dict(self.stats.refusals),
@@ -189,8 +170,8 @@ class Service:
         return self.intake.admission.full()
 
     def worker_ended(self) -> bool:
-        """Whether a worker process ended (the service then stops: _supervise_worker)."""
-        return any(w.process.returncode is not None for w in self._workers)
+        """Whether a worker process ended (the service then stops: WorkerPlane.supervise)."""
+        return isinstance(self._plane, WorkerPlane) and self._plane.ended()
 
     def count_registration(self, outcome: str) -> None:
         self.stats.registrations[outcome] += 1
@@ -207,8 +188,8 @@ class Service:
         except RegistrationRefused as exc:
             self._refused(peer, exc.reason)
             return intake_wire.Refuse(exc.errno, exc.reason)
-        return intake_wire.Accept(target.target_id, target.share.share_id,
-                                  f"registered: share {target.share.host_path}")
+        return intake_wire.Accept(target.target_id, target.share.facts.share_id,
+                                  f"registered: share {target.share.facts.host_path}")
 
     def pong(self) -> intake_wire.Pong:
         return intake_wire.Pong(json.dumps({
@@ -257,9 +238,9 @@ class Service:
         self.stats.registrations["accepted"] += 1
         self.metrics.registrations.labels("accepted").inc()
         log.event("target_registered", target=target.target_id, pid=target_pid,
-                  share=share.host_path, share_in_target=share_path, convention=convention,
-                  peer_uid=peer.uid, peer_pid=peer.pid, mount_root=share.is_mount_root,
-                  whole_fs=share.whole_fs)
+                  share=share.facts.host_path, share_in_target=share_path, convention=convention,
+                  peer_uid=peer.uid, peer_pid=peer.pid, mount_root=share.facts.is_mount_root,
+                  whole_fs=share.facts.whole_fs)
         nursery.start_soon(self._serve_target, target)
         return target
 
@@ -301,61 +282,24 @@ class Service:
 
     # --- one registered listener --------------------------------------------------------
     async def _run_data_plane(self, plane: DataPlane) -> None:
-        """The data plane's lifetime (its run() on a thread), owned by the service's
-        nursery: on cancellation it is told to stop, and this task ends when run() has
-        returned."""
+        """The data plane's lifetime, owned by the service's nursery: its supervise() (the
+        worker processes'; nothing for an in-process plane) beside its run() on a thread;
+        this task ends when both have returned."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_cancel, plane.stop)
-            try:
-                await trio.to_thread.run_sync(plane.run)  # waits for the thread, always
-            finally:
-                nursery.cancel_scope.cancel()
+            nursery.start_soon(plane.supervise)
+            await _run_on_thread(plane)
 
-    # --- worker processes (workers = N) ---------------------------------------------------
     def _worker_start(self) -> worker_wire.Start:
+        """What each worker process is told first (workers = N): its plane's settings."""
         c = self.config
         return worker_wire.Start(c.key_dir, c.signing, c.log_level, c.drop_capabilities,
                                  c.sandbox, c.data_plane, c.data_plane_threads,
                                  self.pidfds_per_target)
 
-    async def _supervise_worker(self, worker: WorkerProcess) -> None:
-        """A worker must live as long as the service: if one ends, the service stops (its
-        calls in flight are recovered by `fhmon launch`, as after any restart)."""
-        await worker.reports(self._merge_report)
-        code = await worker.process.wait()
-        log.event("worker_died", logging.ERROR, pid=worker.process.pid, returncode=code)
-        raise RuntimeError(f"worker process {worker.process.pid} ended (status {code})")
-
-    def _merge_report(self, report: worker_wire.Report) -> None:
-        self.stats.merge(report.results, report.seconds, report.refusals, report.buckets)
-        for target_id, calls in report.calls.items():
-            target = self.targets.get(target_id)
-            if target is not None:
-                target.calls += calls
-
-    async def _serve_target_by_workers(self, target: Target) -> None:
-        """The workers answer the calls, each from its own copies of the fds; this task
-        only notices the hang-up (never RECV here: a notification must go to a worker)."""
-        try:
-            for worker in self._workers:
-                worker.add(target)
-            while not target.listener.hung_up():
-                await trio.sleep(0.25)
-            for worker in self._workers:  # the hang-up woke only one worker, if any
-                worker.remove(target)
-        finally:
-            self._release(target)
-
     async def _serve_target(self, target: Target) -> None:
-        """The data plane answers the target's calls, or the worker processes do."""
-        if self._workers:
-            await self._serve_target_by_workers(target)
-            return
-        assert self._plane is not None  # serve() made it, since there are no workers
-        await self._serve_target_by_plane(target, self._plane)
-
-    async def _serve_target_by_plane(self, target: Target, plane: DataPlane) -> None:
         """The data plane answers the calls; this task waits for the hang-up."""
+        assert self._plane is not None  # serve() made it before taking registrations
+        plane = self._plane
         gone = trio.Event()
         token = trio.lowlevel.current_trio_token()
 
@@ -400,11 +344,23 @@ class Service:
         return {"counters": self.stats.as_dict(),
                 "keys": [f"{k:08x}" for k in self.keys.key_ids],
                 "signer": f"{self.keys.signer:08x}", "pid": os.getpid(),
-                "workers": [w.process.pid for w in self._workers],
+                "workers": ([w.process.pid for w in self._plane.workers]
+                            if isinstance(self._plane, WorkerPlane) else []),
                 "fds": len(os.listdir("/proc/self/fd"))}
 
 
 # --- small I/O helpers ------------------------------------------------------------------
+
+async def _run_on_thread(plane: DataPlane) -> None:
+    """The plane's run() on a thread: on cancellation it is told to stop, and this ends
+    when run() has returned."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_cancel, plane.stop)
+        try:
+            await trio.to_thread.run_sync(plane.run)  # waits for the thread, always
+        finally:
+            nursery.cancel_scope.cancel()
+
 
 async def _stop_on_cancel(stop: Callable[[], None]) -> None:
     try:

@@ -122,10 +122,8 @@ class Worker:
 
     def _add(self, message: wire.AddTarget, fds: list[int]) -> None:
         listener_fd, path_fd, dir_fd = fds
-        s = message.share
-        share = Share(path_fd, dir_fd, s.mount_id, s.dev, s.ino, s.share_id, s.host_path,
-                      s.target_path, s.is_mount_root, s.whole_fs)
-        target = Target(message.target_id, Listener(listener_fd), share, message.pid,
+        target = Target(message.target_id, Listener(listener_fd),
+                        Share(message.share, path_fd, dir_fd), message.pid,
                         PeerCred(message.peer_pid, message.peer_uid, message.peer_gid),
                         message.convention,
                         threads=ThreadCache(self.start.pidfds_per_target))

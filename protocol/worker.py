@@ -19,6 +19,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from protocol.share import ShareFacts
+
 MAX_MESSAGE: Final = 160 * 1024  # below a unix socket's default send buffer (~208 KiB)
 ADD_TARGET_FDS: Final = 3
 
@@ -43,18 +45,6 @@ class Start:
 
 
 @dataclass(frozen=True, slots=True)
-class ShareInfo:
-    mount_id: int
-    dev: int
-    ino: int
-    share_id: bytes
-    host_path: str
-    target_path: str
-    is_mount_root: bool
-    whole_fs: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class AddTarget:
     target_id: int
     pid: int
@@ -62,7 +52,7 @@ class AddTarget:
     peer_uid: int
     peer_gid: int
     convention: str
-    share: ShareInfo
+    share: ShareFacts  # the fds that pin it travel beside the message
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +139,10 @@ def decode(data: bytes) -> Message:
         if op == "add":
             s = body["share"]
             peer_pid, peer_uid, peer_gid = (_int(v) for v in body["peer"])
-            share = ShareInfo(_int(s["mount_id"]), _int(s["dev"]), _int(s["ino"]),
-                              bytes.fromhex(_str(s["share_id"])), _str(s["host_path"]),
-                              _str(s["target_path"]), _bool(s["is_mount_root"]),
-                              _bool(s.get("whole_fs", False)))
+            share = ShareFacts(bytes.fromhex(_str(s["share_id"])), _int(s["mount_id"]),
+                               _int(s["dev"]), _int(s["ino"]), _str(s["host_path"]),
+                               _str(s["target_path"]), _bool(s["is_mount_root"]),
+                               _bool(s.get("whole_fs", False)))
             return AddTarget(_int(body["target_id"]), _int(body["pid"]), peer_pid, peer_uid,
                              peer_gid, _str(body["convention"]), share)
         if op == "remove":

@@ -123,7 +123,7 @@ def name_to_handle_at(ctx: CallContext) -> Return:
     header = kernel.FileHandleHeader.parse(ctx.thread.read_exact(handle_ptr, 8, check=False))
     if header.handle_bytes > kernel.MAX_HANDLE_SZ:
         raise SyscallError(errno.EINVAL)
-    f_handle = (ctx.keys.sign(ctx.share.share_id, handle_type, kernel_bytes) if ctx.signing
+    f_handle = (ctx.keys.sign(ctx.share.facts.share_id, handle_type, kernel_bytes) if ctx.signing
                 else kernel_bytes)
     mount_bytes = (_U64.pack(mnt) if flags & kernel.AT_HANDLE_MNT_ID_UNIQUE
                    else _INT.pack(_signed32(mnt)))

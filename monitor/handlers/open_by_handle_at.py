@@ -67,15 +67,15 @@ def open_by_handle_at(ctx: CallContext) -> InjectFd:
     if len(raw) < 8 + header.handle_bytes:
         raise SyscallError(errno.EFAULT)
     f_handle = raw[8 : 8 + header.handle_bytes]
-    mount_dev = _mount_fd_device(ctx, mount_fd, ctx.share.dev)
+    mount_dev = _mount_fd_device(ctx, mount_fd, ctx.share.facts.dev)
 
     if ctx.signing:
-        kernel_bytes = ctx.keys.verify(ctx.share.share_id, header.handle_type, f_handle)
+        kernel_bytes = ctx.keys.verify(ctx.share.facts.share_id, header.handle_type, f_handle)
         if kernel_bytes is None:
             raise SyscallError.refusing(refusals.MAC_INVALID)
     else:
         kernel_bytes = f_handle
-    if mount_dev != ctx.share.dev:
+    if mount_dev != ctx.share.facts.dev:
         raise SyscallError.refusing(refusals.MOUNT_FD_FOREIGN)
     try:
         obj = linux.open_by_handle_at(ctx.share.dir_fd, header.handle_type, kernel_bytes,

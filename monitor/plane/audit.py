@@ -45,7 +45,7 @@ def audit_middleware(stats: RefusalCounter) -> Middleware:
                     log.audit("call_refused", syscall=name, errno=errno_name(exc.errno),
                               reason=exc.reason, code=refusal_code(exc.reason),
                               tid=ctx.thread.tid,
-                              tgid=_tgid(ctx), share=ctx.share.host_path,
+                              tgid=_tgid(ctx), share=ctx.share.facts.host_path,
                               target=ctx.target_id)
                 elif events.isEnabledFor(logging.DEBUG):
                     log.event("call", logging.DEBUG, syscall=name, result=errno_name(exc.errno),

@@ -51,7 +51,9 @@ pub fn failed(errno: Errno) -> Refusal {
     }
 }
 
-/// What the checks need about a share, fixed at registration (monitor/policy.py Share).
+/// What the checks need about a share, fixed at registration: the mirror of the fields of
+/// protocol/share.py ShareFacts that the checks read (Python's is the one type of a share's
+/// facts; tests/unit/test_share_facts.py holds this mirror to it, through PyShareRoot).
 #[derive(Clone, Copy, Debug)]
 pub struct ShareFacts {
     /// unique mount id of the share root

@@ -78,7 +78,7 @@ class Caller(Thread):
 def _audited(caplog: pytest.LogCaptureFixture, nr: int, peer_uid: int
              ) -> tuple[list[tuple[int, int]], list[dict[str, Any]], CallStats]:
     listener, stats = Listener(), CallStats()
-    share = SimpleNamespace(host_path="/srv/share")
+    share = SimpleNamespace(facts=SimpleNamespace(host_path="/srv/share"))
     ctx = CallContext(Caller(listener, nr), share, None,  # type: ignore[arg-type]
                       target_id=1, peer_uid=peer_uid)
     with caplog.at_level(logging.INFO, logger="fhmon.audit"):

@@ -27,7 +27,8 @@ def oci_target(listener_fd: int) -> Any:
     """What keeper_record and the deposit read of a registered OCI target."""
     return SimpleNamespace(target_id=1, convention="oci", pid=os.getpid(),
                            listener=SimpleNamespace(fd=listener_fd),
-                           share=SimpleNamespace(target_path="/s", share_id=b"\x01" * 32),
+                           share=SimpleNamespace(facts=SimpleNamespace(
+                               target_path="/s", share_id=b"\x01" * 32)),
                            peer=SimpleNamespace(uid=0, gid=0))
 
 

@@ -9,17 +9,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol import worker as wire
+from protocol.share import ShareFacts
 
 NAMES = st.text(min_size=1, max_size=40)
 COUNTS = st.integers(0, 2**40)
 
 
-def share(**kw: object) -> wire.ShareInfo:
+def share(**kw: object) -> ShareFacts:
     values: dict[str, object] = {"mount_id": 2**40 + 7, "dev": 2049, "ino": 12,
                                  "share_id": bytes(range(32)), "host_path": "/srv/é/a",
                                  "target_path": "/a", "is_mount_root": False}
     values.update(kw)
-    return wire.ShareInfo(**values)  # type: ignore[arg-type]
+    return ShareFacts(**values)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("message", [
