@@ -238,6 +238,8 @@ class TargetProc:
         self.log_path = base / "logs" / f"{name}-{index}.log"
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.registration: Any = None
+        # what the target must report (the kernel baseline's root target: anything)
+        self.expect_no_new_privs = None if monitor is None else int(no_new_privs)
         if monitor is not None and not no_new_privs:
             self.proc, self.registration = _register_without_no_new_privs(
                 monitor.socket, str(share), argv, self.log)
@@ -256,6 +258,10 @@ class TargetProc:
         if not msg.get("ready"):
             raise BenchError(f"target {self.label}: unexpected {msg}")
         self.pid = int(msg["pid"])
+        expected = self.expect_no_new_privs
+        if expected is not None and msg.get("no_new_privs") != expected:
+            raise BenchError(f"target {self.label} runs with no_new_privs "
+                             f"{msg.get('no_new_privs')}, the run asked for {expected}")
 
     def send(self, obj: dict[str, Any]) -> None:
         try:

@@ -5,7 +5,7 @@
 Standard library only (it runs as uid 65534 with the system python, under `fhmon launch`
 or directly as root for the kernel baseline). At start it makes a handle for each of the
 share's files (name_to_handle_at through fhmon when launched under it), then prints
-{"ready": true, "pid": PID} and obeys one JSON command per stdin line:
+{"ready": true, "pid": PID, "no_new_privs": 0|1} and obeys one JSON command per stdin line:
 
   {"cmd": "arm", "op": OP, "calls": N, "threads": T, "cpus": [..]|null,
    "warmup": W, "latencies": true}
@@ -176,9 +176,18 @@ class Target:
         emit({"ns": ns, "calls": total, "errors": errors, "start": t0, "end": t1})
 
 
+def no_new_privs() -> int:
+    """The process's own no_new_privs, so that the bench knows what it measured."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("NoNewPrivs:"):
+                return int(line.split()[1])
+    return -1
+
+
 def main() -> None:
     target = Target(sys.argv[1])
-    emit({"ready": True, "pid": os.getpid()})
+    emit({"ready": True, "pid": os.getpid(), "no_new_privs": no_new_privs()})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "arm":

@@ -57,3 +57,21 @@ def test_a_build_that_is_no_executable_is_refused(tmp_path: Path) -> None:
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "is not an executable fhmon" in proc.stderr
+
+
+def test_targets_without_no_new_privs_are_served(tmp_path: Path) -> None:
+    """--no-new-privs off: targets whose filter was loaded while root, registered by the
+    bench's own HELLO, answered by fhmon and refmon alike, every call a success."""
+    out = tmp_path / "nnp.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--no-levers", "--ops",
+                           "n2h,n2h-path,obh", "--threads", "1", "--targets", "1",
+                           "--pinning", "unpinned", "--repeat", "1", "--calls", "500",
+                           "--configs", "refmon,fhmon", "--no-new-privs", "off",
+                           "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["targets_no_new_privs"] == "off"
+    cells = {(r["op"], r["config"]) for r in report["results"] if not r["errors"]}
+    assert cells == {(op, config) for op in ("n2h", "n2h-path", "obh")
+                     for config in ("refmon", "fhmon")}
