@@ -142,18 +142,30 @@ impl Plane {
             self.config.pidfds_per_target,
         ));
         let mut threads = Vec::new();
+        // each thread says when it has set itself up (its Baseline, whose kept
+        // /proc/self/fd is an fd of ours): add returns with the target's every fd open,
+        // so that what fhmon holds for a target does not still grow once it serves
+        let (ready, set_up) = std::sync::mpsc::channel::<()>();
         for k in 0..self.config.threads_per_target.max(1) {
             let plane = Arc::clone(self);
             let t = Arc::clone(&target);
+            let ready = ready.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("fhmon-t{id}-{k}"))
-                .spawn(move || plane.serve(&t, k));
+                .spawn(move || plane.serve(&t, k, ready));
             match spawned {
                 Ok(handle) => threads.push(handle),
                 Err(e) => {
                     stop_threads(&target, threads);
                     return Err(e.raw_os_error().unwrap_or(libc::EAGAIN));
                 }
+            }
+        }
+        drop(ready);
+        // one message per thread; Err once every sender is gone (a thread that ended first)
+        for _ in &threads {
+            if set_up.recv().is_err() {
+                break;
             }
         }
         lock(&self.targets).push(Running { target, threads });
@@ -223,9 +235,11 @@ impl Plane {
         self.answerer.audit.drain()
     }
 
-    fn serve(&self, target: &Target, k: usize) {
+    fn serve(&self, target: &Target, k: usize, ready: std::sync::mpsc::Sender<()>) {
         sys::block_signals_but_wake();
         let base = Baseline::measure().ok();
+        let _ = ready.send(());
+        drop(ready);
         let mut raw = [0u8; abi::SECCOMP_NOTIF_SIZE];
         let mut spare = (k > 0 && self.config.auto_threads).then(Spare::new);
         while !target.stopping.load(Ordering::SeqCst) {

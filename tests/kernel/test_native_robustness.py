@@ -84,3 +84,28 @@ def test_a_panic_is_answered_eio_and_its_thread_serves_on(world: World, plane: o
         assert counted == {7: calls}, counted
         p.remove(7)
     print(json.dumps({"answers": answers, "panics": panics}))
+
+
+def _kept_fd_dirs() -> int:
+    """Our fds on /proc/<pid>/fd: one per native thread (its Baseline keeps one)."""
+    ours = f"/proc/{os.getpid()}/fd"
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{name}") == ours
+        except OSError:
+            continue  # the listing's own fd, closed by now
+    return count
+
+
+def test_a_target_is_set_up_when_add_returns(world: World) -> None:
+    """Plane.add returns once each of the target's threads holds what it keeps (its
+    Baseline's /proc/self/fd): what fhmon holds for a target must not still grow after the
+    registration, or a count taken then (an operator's, the adversarial suite's fd guard)
+    sees a leak that is none. Ten targets of two threads each, counted at once."""
+    path = world.main / "file"
+    with in_process_plane(2) as p:
+        before = _kept_fd_dirs()
+        for i in range(10):
+            with plane_target(p, world, CALLER, str(path), "0", target_id=100 + i):
+                assert _kept_fd_dirs() == before + 2 * (i + 1)
