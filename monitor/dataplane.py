@@ -101,9 +101,11 @@ class NativeDataPlane(DataPlane):
         self._targets: dict[int, tuple[Target, Callable[[], None]]] = {}
         self._lock = threading.Lock()
         threads, auto = native_threads(threads_per_target)
-        self._plane = _native.Plane(ACCEPTED_FLAGS, signing, threads, auto,
-                                    list(LATENCY_BUCKETS), self._fallback, self._hung_up,
-                                    pidfds_per_target)
+        config = _native.PlaneConfig(accepted_flags=ACCEPTED_FLAGS, signing=signing,
+                                     threads_per_target=threads, auto_threads=auto,
+                                     buckets=list(LATENCY_BUCKETS),
+                                     pidfds_per_target=pidfds_per_target)
+        self._plane = _native.Plane(config, self._fallback, self._hung_up)
         try:
             self._plane.set_keys(keys.native())
         except ValueError as exc:  # mlock refused (RLIMIT_MEMLOCK)
@@ -174,12 +176,14 @@ class NativeDataPlane(DataPlane):
             log.event("data_plane_panic", logging.ERROR, calls=counted.panics,
                       detail="a native call's work panicked; answered EIO, thread serves on")
         events, dropped = self._plane.drain_events()
-        for syscall, err, reason, tid, tgid, target_id in events:
+        for event in events:
             with self._lock:
-                entry = self._targets.get(target_id)
-            log.audit("call_refused", syscall=syscall, errno=_result_name(err), reason=reason,
-                      code=refusal_code(reason), tid=tid, tgid=tgid,
-                      share=entry[0].share.facts.host_path if entry else None, target=target_id)
+                entry = self._targets.get(event.target_id)
+            log.audit("call_refused", syscall=event.syscall, errno=_result_name(event.errno),
+                      reason=event.reason, code=refusal_code(event.reason), tid=event.tid,
+                      tgid=event.tgid,
+                      share=entry[0].share.facts.host_path if entry else None,
+                      target=event.target_id)
         if dropped:
             log.event("audit_dropped", logging.WARNING, refusals=dropped)
 

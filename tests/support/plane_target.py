@@ -40,8 +40,10 @@ def in_process_plane(threads: int | str) -> Iterator[Any]:
     from monitor.metrics import LATENCY_BUCKETS
 
     count, auto = native_threads(threads)
-    plane = _native.Plane(ACCEPTED_FLAGS, True, count, auto, list(LATENCY_BUCKETS),
-                          _ignore_call, _ignore_hang_up)
+    config = _native.PlaneConfig(accepted_flags=ACCEPTED_FLAGS, signing=True,
+                                 threads_per_target=count, auto_threads=auto,
+                                 buckets=list(LATENCY_BUCKETS))
+    plane = _native.Plane(config, _ignore_call, _ignore_hang_up)
     plane.set_keys(_native.KeyRing({1: bytes(range(32))}, 1))
     try:
         yield plane

@@ -1,4 +1,4 @@
-"""The typed values that cross between Python and the native plane (native/src/py/share.rs)."""
+"""The typed values that cross between Python and the native plane (native/src/py/boundary.rs)."""
 
 from __future__ import annotations
 
@@ -47,3 +47,43 @@ def test_a_fresh_plane_has_counted_nothing() -> None:
             stats.panics) == ([], [], [], [], [], 0)
     with pytest.raises(AttributeError):
         setattr(stats, "panics", 1)  # noqa: B010 (the assignment must fail at run time)
+
+
+def plane_config(**changed: Any) -> _native.PlaneConfig:
+    from monitor.metrics import LATENCY_BUCKETS
+
+    fields: dict[str, Any] = {"accepted_flags": 0x1200, "signing": True,
+                              "threads_per_target": 2, "auto_threads": True,
+                              "buckets": list(LATENCY_BUCKETS), "pidfds_per_target": 64}
+    untyped: Any = _native.PlaneConfig
+    return untyped(**(fields | changed))  # type: ignore[no-any-return]
+
+
+def test_a_plane_config_keeps_every_field() -> None:
+    from monitor.metrics import LATENCY_BUCKETS
+
+    config = plane_config()
+    assert (config.accepted_flags, config.signing, config.threads_per_target,
+            config.auto_threads, config.buckets, config.pidfds_per_target) == (
+        0x1200, True, 2, True, list(LATENCY_BUCKETS), 64)
+    with pytest.raises(AttributeError):
+        setattr(config, "signing", False)  # noqa: B010 (the assignment must fail at run time)
+
+
+def test_a_plane_config_needs_every_latency_bucket() -> None:
+    with pytest.raises(ValueError, match="latency buckets expected"):
+        plane_config(buckets=[0.001, 0.01])
+
+
+def test_a_plane_config_takes_named_fields_only() -> None:
+    untyped: Any = _native.PlaneConfig
+    with pytest.raises(TypeError):
+        untyped(0x1200, True, 2, True, [0.001] * 12)
+
+
+def test_a_fresh_plane_has_no_refusal_to_hand_over() -> None:
+    from tests.support.plane_target import in_process_plane
+
+    with in_process_plane(1) as plane:
+        events, dropped = plane.drain_events()
+    assert (events, dropped) == ([], 0)

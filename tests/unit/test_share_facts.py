@@ -1,5 +1,5 @@
 """protocol/share.py ShareFacts is the one type of a share's facts: the native plane's
-ShareRoot (native/src/py/share.rs, its facts native/src/policy.rs ShareFacts) mirrors it,
+ShareRoot (native/src/py/boundary.rs, its facts native/src/policy.rs ShareFacts) mirrors it,
 and must not drift from it silently."""
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 //! The Python face of the crate: `monitor._native`, one class or concern a file.
 
+mod boundary;
 mod intake;
 mod keyring;
 mod plane;
 mod refusals;
-mod share;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -31,8 +31,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // without them)
     m.add("TEST_HOOKS", cfg!(feature = "test-hooks"))?;
     m.add_class::<keyring::PyKeyRing>()?;
-    m.add_class::<share::PyShareRoot>()?;
-    m.add_class::<share::PyPlaneStats>()?;
+    m.add_class::<boundary::PyPlaneConfig>()?;
+    m.add_class::<boundary::PyShareRoot>()?;
+    m.add_class::<boundary::PyPlaneStats>()?;
+    m.add_class::<boundary::PyRefusalEvent>()?;
     m.add_class::<plane::PyPlane>()?;
     m.add_function(wrap_pyfunction!(intake::intake_encode, m)?)?;
     m.add_function(wrap_pyfunction!(intake::intake_decode, m)?)?;

@@ -1,12 +1,11 @@
 //! `Plane`: the native data plane as monitor/dataplane.py drives it.
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use super::boundary::{PyPlaneConfig, PyPlaneStats, PyRefusalEvent, PyShareRoot};
 use super::keyring::PyKeyRing;
 use super::os_error;
-use super::share::{PyPlaneStats, PyShareRoot};
 
 /// The native data plane (native/src/plane.rs); monitor/dataplane wraps it.
 #[pyclass(name = "Plane", module = "monitor._native", frozen)]
@@ -19,35 +18,9 @@ impl PyPlane {
     /// fallback(target_id, raw_notification) answers what the native code does not;
     /// hung_up(target_id) runs once a target's filter has no task left. Both are called
     /// from native threads, with the GIL taken for the call only.
-    /// pidfds_per_target: the most pidfds each target's thread cache holds.
     #[new]
-    #[pyo3(signature = (accepted_flags, signing, threads_per_target, auto_threads, buckets,
-                        fallback, hung_up, pidfds_per_target = crate::plane::PIDFD_CACHE))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        accepted_flags: i32,
-        signing: bool,
-        threads_per_target: usize,
-        auto_threads: bool,
-        buckets: Vec<f64>,
-        fallback: Py<PyAny>,
-        hung_up: Py<PyAny>,
-        pidfds_per_target: usize,
-    ) -> PyResult<Self> {
-        let buckets: [f64; crate::plane::BUCKETS] = buckets.try_into().map_err(|_| {
-            PyValueError::new_err(format!(
-                "{} latency buckets expected",
-                crate::plane::BUCKETS
-            ))
-        })?;
-        let config = crate::plane::Config {
-            accepted_flags,
-            signing,
-            threads_per_target,
-            auto_threads,
-            buckets,
-            pidfds_per_target,
-        };
+    fn new(config: &Bound<'_, PyPlaneConfig>, fallback: Py<PyAny>, hung_up: Py<PyAny>) -> Self {
+        let config = config.get().to_config();
         let fallback = Box::new(
             move |target_id: u64, raw: &[u8; crate::abi::SECCOMP_NOTIF_SIZE]| {
                 Python::attach(|py| {
@@ -65,9 +38,9 @@ impl PyPlane {
                 }
             })
         });
-        Ok(PyPlane {
+        PyPlane {
             plane: crate::plane::Plane::new(config, fallback, hung_up),
-        })
+        }
     }
 
     fn set_keys(&self, ring: &PyKeyRing) {
@@ -162,21 +135,19 @@ impl PyPlane {
         self.plane.panic_next_calls(n);
     }
 
-    /// Queued refusals: [(syscall, errno, reason, tid, tgid or None, target_id)], dropped.
-    #[allow(clippy::type_complexity)]
-    fn drain_events(&self) -> (Vec<(String, i32, String, u32, Option<u32>, u64)>, u64) {
+    /// The refusals queued since the last call, and how many were dropped (the queue is
+    /// bounded).
+    fn drain_events(&self) -> (Vec<PyRefusalEvent>, u64) {
         let (events, dropped) = self.plane.drain_events();
         let out = events
             .into_iter()
-            .map(|e| {
-                (
-                    crate::plane::SYSCALLS[e.syscall].to_string(),
-                    e.errno,
-                    e.reason.to_string(),
-                    e.tid,
-                    e.tgid,
-                    e.target_id,
-                )
+            .map(|e| PyRefusalEvent {
+                syscall: crate::plane::SYSCALLS[e.syscall],
+                errno: e.errno,
+                reason: e.reason,
+                tid: e.tid,
+                tgid: e.tgid,
+                target_id: e.target_id,
             })
             .collect();
         (out, dropped)

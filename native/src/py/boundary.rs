@@ -1,6 +1,9 @@
-//! The two typed values that cross the plane's boundary: the share `Plane.add` takes and
-//! the counts `Plane.take_stats` hands back.
+//! The typed values that cross the plane's boundary, each with named fields: in, the
+//! settings `Plane` is made with (`PlaneConfig`) and the share `Plane.add` takes
+//! (`ShareRoot`); out, the counts `Plane.take_stats` hands back (`PlaneStats`) and the
+//! refusals `Plane.drain_events` does (`RefusalEvent`).
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -111,4 +114,81 @@ pub struct PyPlaneStats {
     pub(super) calls: Vec<(u64, u64)>,
     /// calls whose work panicked (each answered EIO, its thread serving on)
     pub(super) panics: u64,
+}
+
+/// The settings of a `Plane`, from fhmon's configuration (monitor/dataplane.py).
+#[pyclass(name = "PlaneConfig", module = "monitor._native", frozen, get_all)]
+pub struct PyPlaneConfig {
+    /// the name_to_handle_at flags the plane accepts (the reference's ACCEPTED_FLAGS)
+    pub(super) accepted_flags: i32,
+    /// sign handles (fhmon's `signing` key)
+    pub(super) signing: bool,
+    /// native threads per target (data_plane_threads: a number, or 2 for "auto")
+    pub(super) threads_per_target: usize,
+    /// data_plane_threads = "auto": the second thread reads only with a second CPU
+    pub(super) auto_threads: bool,
+    /// the latency buckets' upper bounds, seconds (monitor/metrics.py LATENCY_BUCKETS)
+    pub(super) buckets: Vec<f64>,
+    /// the most pidfds each target's thread cache holds
+    pub(super) pidfds_per_target: usize,
+}
+
+#[pymethods]
+impl PyPlaneConfig {
+    #[new]
+    #[pyo3(signature = (*, accepted_flags, signing, threads_per_target, auto_threads, buckets,
+                        pidfds_per_target = crate::plane::PIDFD_CACHE))]
+    fn new(
+        accepted_flags: i32,
+        signing: bool,
+        threads_per_target: usize,
+        auto_threads: bool,
+        buckets: Vec<f64>,
+        pidfds_per_target: usize,
+    ) -> PyResult<Self> {
+        if buckets.len() != crate::plane::BUCKETS {
+            return Err(PyValueError::new_err(format!(
+                "{} latency buckets expected",
+                crate::plane::BUCKETS
+            )));
+        }
+        Ok(PyPlaneConfig {
+            accepted_flags,
+            signing,
+            threads_per_target,
+            auto_threads,
+            buckets,
+            pidfds_per_target,
+        })
+    }
+}
+
+impl PyPlaneConfig {
+    /// The plane's own copy (the bucket count was checked when this was made).
+    pub(super) fn to_config(&self) -> crate::plane::Config {
+        let mut buckets = [0.0; crate::plane::BUCKETS];
+        buckets.copy_from_slice(&self.buckets);
+        crate::plane::Config {
+            accepted_flags: self.accepted_flags,
+            signing: self.signing,
+            threads_per_target: self.threads_per_target,
+            auto_threads: self.auto_threads,
+            buckets,
+            pidfds_per_target: self.pidfds_per_target,
+        }
+    }
+}
+
+/// One refused call, as Plane.drain_events hands it to the audit log.
+#[pyclass(name = "RefusalEvent", module = "monitor._native", frozen, get_all)]
+pub struct PyRefusalEvent {
+    /// "name_to_handle_at" or "open_by_handle_at"
+    pub(super) syscall: &'static str,
+    pub(super) errno: i32,
+    /// the refusal's reason text (protocol/refusals.toml)
+    pub(super) reason: &'static str,
+    /// the calling thread, and its process when it could be read
+    pub(super) tid: u32,
+    pub(super) tgid: Option<u32>,
+    pub(super) target_id: u64,
 }
