@@ -128,7 +128,7 @@ pub struct PyPlaneConfig {
     /// data_plane_threads = "auto": the second thread reads only with a second CPU
     pub(super) auto_threads: bool,
     /// the latency buckets' upper bounds, seconds (monitor/metrics.py LATENCY_BUCKETS)
-    pub(super) buckets: Vec<f64>,
+    pub(super) buckets: [f64; crate::plane::BUCKETS],
     /// the most pidfds each target's thread cache holds
     pub(super) pidfds_per_target: usize,
 }
@@ -146,12 +146,12 @@ impl PyPlaneConfig {
         buckets: Vec<f64>,
         pidfds_per_target: usize,
     ) -> PyResult<Self> {
-        if buckets.len() != crate::plane::BUCKETS {
-            return Err(PyValueError::new_err(format!(
+        let buckets = buckets.try_into().map_err(|_| {
+            PyValueError::new_err(format!(
                 "{} latency buckets expected",
                 crate::plane::BUCKETS
-            )));
-        }
+            ))
+        })?;
         Ok(PyPlaneConfig {
             accepted_flags,
             signing,
@@ -164,16 +164,14 @@ impl PyPlaneConfig {
 }
 
 impl PyPlaneConfig {
-    /// The plane's own copy (the bucket count was checked when this was made).
+    /// The plane's own copy.
     pub(super) fn to_config(&self) -> crate::plane::Config {
-        let mut buckets = [0.0; crate::plane::BUCKETS];
-        buckets.copy_from_slice(&self.buckets);
         crate::plane::Config {
             accepted_flags: self.accepted_flags,
             signing: self.signing,
             threads_per_target: self.threads_per_target,
             auto_threads: self.auto_threads,
-            buckets,
+            buckets: self.buckets,
             pidfds_per_target: self.pidfds_per_target,
         }
     }
