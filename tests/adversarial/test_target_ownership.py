@@ -30,6 +30,7 @@ from tests.adversarial.recording import Recorder
 from tests.adversarial.test_registration import hostile, told
 from tests.support import NOBODY, Runner, Service, World
 from tests.support.listeners import filtered_child, hello, send_raw
+from tests.support.pids import SCENARIOS, reuse_number
 from tests.support.world import REPO
 
 NOT_OWNED = "does not belong to this client"
@@ -149,19 +150,24 @@ VICTIM_PARENT = ("import sys\n"
                  "sys.stdin.read()\n")
 
 
-def start_at_pid(pid: int, argv: list[str], attempts: int = 200) -> subprocess.Popen[str]:
-    """Start argv as process `pid` (free again), through /proc/sys/kernel/ns_last_pid;
-    other processes forking meanwhile may take it first: try again."""
-    for _ in range(attempts):
-        with open("/proc/sys/kernel/ns_last_pid", "w") as last:
-            last.write(str(pid - 1))
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+def start_at_pid(pid: int, argv: list[str]) -> subprocess.Popen[str] | str:
+    """argv started as process `pid`, or why it could not be."""
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True, cwd=str(REPO))
-        if proc.pid == pid:
-            return proc
+
+    def discard(proc: subprocess.Popen[str]) -> None:
         proc.kill()
         proc.wait()
-    pytest.fail(f"pid {pid} was never free for us in {attempts} attempts")
+
+    return reuse_number(pid, start, lambda proc: proc.pid, discard)
+
+
+def orphaned_client(socket_path: str, share: str, unprivileged: Runner) -> subprocess.Popen[str]:
+    return subprocess.Popen([*unprivileged.python, "-m", "tests.adversarial.orphaned_client",
+                             socket_path, share], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd="/", env=unprivileged.env,
+                            **run_as_nobody())
 
 
 @pytest.mark.finding(OWNERSHIP_TITLE, OWNERSHIP_FIX)
@@ -170,19 +176,30 @@ def test_a_client_whose_pid_went_to_another_process_proves_nothing(
     """uid 65534 connects and exits, leaving the connection to its child; its pid goes to
     another tenant's launcher (root), whose filtered child of uid 65534 is then named: the
     PPid matches the connection's SO_PEERCRED pid, but that pid is not the client's any
-    more (SO_PEERPIDFD says so)."""
-    client = subprocess.Popen([*unprivileged.python, "-m", "tests.adversarial.orphaned_client",
-                               tenant_fhmon.socket, str(world.main)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, cwd="/", env=unprivileged.env,
-                              **run_as_nobody())
-    assert client.stdout is not None and client.stdin is not None
+    more (SO_PEERPIDFD says so).
+
+    Any process on the machine may take the freed pid before the test hands it on; then
+    the scenario starts again with a new client (a new pid)."""
     victim: subprocess.Popen[str] | None = None
     target = 0
+    missed: list[str] = []
+    client = orphaned_client(tenant_fhmon.socket, str(world.main), unprivileged)
     try:
-        peer = json.loads(client.stdout.readline())["peer"]
-        client.wait(timeout=30)  # the connection's owner is gone; its child holds it
-        victim = start_at_pid(peer, [sys.executable, "-c", VICTIM_PARENT])
-        assert victim.stdout is not None
+        while True:
+            assert client.stdout is not None and client.stdin is not None
+            peer = json.loads(client.stdout.readline())["peer"]
+            client.wait(timeout=30)  # the connection's owner is gone; its child holds it
+            started = start_at_pid(peer, [sys.executable, "-c", VICTIM_PARENT])
+            if isinstance(started, subprocess.Popen):
+                victim = started
+                break
+            missed.append(started)
+            if len(missed) == SCENARIOS:
+                pytest.fail("the client's pid never came to the victim: " + "; ".join(missed))
+            client.stdin.close()  # the orphaned child holding the connection reads it: ends
+            client = orphaned_client(tenant_fhmon.socket, str(world.main), unprivileged)
+        assert victim.stdout is not None and client.stdin is not None
+        assert client.stdout is not None
         target = int(victim.stdout.readline())
         client.stdin.write(f"{target}\n")
         client.stdin.flush()
@@ -194,6 +211,8 @@ def test_a_client_whose_pid_went_to_another_process_proves_nothing(
                    and "the client exited" in result["reason"]))
     finally:
         client.kill()
+        if client.stdin is not None:
+            client.stdin.close()  # the orphaned child reads it: now it ends
         if target:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(target, signal.SIGKILL)

@@ -11,6 +11,7 @@ clients and handle shorthands. conftest.py only turns these into fixtures.
   N2HResult of a name_to_handle_at (and signed_handle_args, key_id_of), mounts for a
   test's lifetime
 - load.py: a busy target across fhmon restarts; keeper.py: a `fhmon keeper` process
+- pids.py: reuse_number, a freed pid or thread id handed to a new task of the test's choosing
 - oci_runtime.py: a stand-in OCI runtime (`python -m tests.support.oci_runtime`)
 - kubevirt.py: the virt-launcher pod, the launcher bundle, the webhook on loopback TLS
 - http_attack.py: connections held open against the HTTP endpoint (tests and bench)
