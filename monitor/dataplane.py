@@ -12,11 +12,14 @@ One interface, two implementations, chosen by the `data_plane` config key:
   counts and refusals are merged into CallStats, Target.calls and the audit log by flush()
   (the middleware does it for the calls the reference answers).
 
-The server holds one DataPlane: add(target, hung_up) when a listener registers, remove()
-once it hung up (returns when no thread answers its calls), set_keys() on reload. With
-`workers = N` that plane is the worker processes (monitor/worker_supervisor.py
-WorkerPlane), whose life is on fhmon serve's trio loop: hence supervise() and aclose(),
-which these two in-process planes need not do anything for.
+The server holds one DataPlane: serve() for as long as fhmon serve serves, add(target,
+hung_up) when a listener registers, remove() once it hung up (returns when no thread
+answers its calls), set_keys() on reload, aclose() at the end. Both in-process planes are
+ThreadedPlanes: serve() runs their run() on one thread and stop()s it when cancelled (a
+worker process runs the same pair on its own thread). With `workers = N` the plane is the
+worker processes (monitor/worker_supervisor.py WorkerPlane), whose serve() is their
+supervision on fhmon serve's trio loop; its failure() and worker_pids() are what status,
+readiness and the metrics read, and which the in-process planes answer with nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
+
+import trio
 
 from monitor import log
 from monitor.labels import refusal_code
@@ -53,26 +58,54 @@ class DataPlane(Protocol):
     def add(self, target: Target, hung_up: Callable[[], None]) -> None: ...
     def remove(self, target: Target) -> None: ...
     def set_keys(self, keys: KeyRing) -> None: ...
-    def run(self) -> None: ...
-    def stop(self) -> None: ...
     def close(self) -> None: ...
 
     def flush(self) -> None:
         """Counters, latency buckets and refusals of the calls answered so far into CallStats
         and the audit log now (status and scrapes call it, so that they see every answer)."""
 
-    async def supervise(self) -> None:
-        """fhmon serve awaits it in its nursery, beside run() on a thread, while it serves:
-        the plane's work on the trio loop (the worker processes' reports, hang-ups and
-        deaths); raises when the plane can no longer answer."""
-        return  # an in-process plane has none: run() does all its work
+    async def serve(self) -> None:
+        """What the plane does while fhmon serve serves, in fhmon serve's nursery until it is
+        cancelled; raises when the plane can no longer answer."""
 
     async def aclose(self) -> None:
         """close() where fhmon serve ends (the worker processes are waited for)."""
         self.close()
 
+    def failure(self) -> str | None:
+        """Why the plane can no longer answer (readiness says it), or None."""
+        return None
 
-class PythonDataPlane(PythonAnswerLoop, DataPlane):
+    def worker_pids(self) -> list[int]:
+        """The processes that answer for fhmon serve (status lists them): none in-process."""
+        return []
+
+
+class ThreadedPlane(DataPlane, Protocol):
+    """An in-process plane: run() on one thread until stop() (fhmon serve's serve(), or a
+    worker process's own thread)."""
+
+    def run(self) -> None: ...
+    def stop(self) -> None: ...
+
+    async def serve(self) -> None:
+        """run() on a thread; when cancelled, stop() it and return once run() has."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_cancel, self.stop)
+            try:
+                await trio.to_thread.run_sync(self.run)  # waits for the thread, always
+            finally:
+                nursery.cancel_scope.cancel()
+
+
+async def _stop_on_cancel(stop: Callable[[], None]) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        stop()
+
+
+class PythonDataPlane(PythonAnswerLoop, ThreadedPlane):
     """Today's path: the dispatch thread (the Answerer reads the current keys per call)."""
 
     def set_keys(self, keys: KeyRing) -> None:
@@ -82,7 +115,7 @@ class PythonDataPlane(PythonAnswerLoop, DataPlane):
         pass  # the middleware counts each call into CallStats as it is answered
 
 
-class NativeDataPlane(DataPlane):
+class NativeDataPlane(ThreadedPlane):
     """monitor._native.Plane behind the DataPlane interface."""
 
     def __init__(self, answer: Answerer, stats: CallStats, keys: KeyRing, *, signing: bool,
@@ -234,7 +267,7 @@ def native_threads(setting: int | str) -> tuple[int, bool]:
 def make_data_plane(plane: str, answer: Answerer, stats: CallStats, keys: KeyRing, *,
                     signing: bool, threads_per_target: int | str,
                     pidfds_per_target: int = MAX_CACHED_THREADS,
-                    shared: SharedReceiveLock | None = None) -> DataPlane:
+                    shared: SharedReceiveLock | None = None) -> ThreadedPlane:
     """The plane `data_plane` names, for fhmon serve and for each worker alike.
 
     pidfds_per_target: the native plane's bound on each target's cached thread pidfds (the
@@ -251,4 +284,4 @@ def make_data_plane(plane: str, answer: Answerer, stats: CallStats, keys: KeyRin
 
 
 __all__ = ["DataPlane", "DataPlaneUnavailable", "NativeDataPlane", "PythonDataPlane",
-           "make_data_plane", "native_share_root", "native_threads"]
+           "ThreadedPlane", "make_data_plane", "native_share_root", "native_threads"]

@@ -67,7 +67,7 @@ class MetricsSource(Protocol):
 
     def intake_full(self) -> bool: ...
 
-    def worker_ended(self) -> bool: ...
+    def plane_failure(self) -> str | None: ...
 
     def flush_counters(self) -> None: ...
 
@@ -137,8 +137,9 @@ class Metrics:
             return "intake not accepting (starting or stopping)"
         if service.intake_full():
             return "intake at its connection cap"
-        if service.worker_ended():
-            return "a worker process ended"
+        failure = service.plane_failure()
+        if failure is not None:
+            return failure
         return None
 
 

@@ -17,7 +17,6 @@ import logging
 import os
 import resource
 import time
-from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -128,7 +127,7 @@ class Service:
                                               threads_per_target=c.data_plane_threads,
                                               pidfds_per_target=self.pidfds_per_target)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._run_data_plane, self._plane)
+                nursery.start_soon(self._plane.serve)
                 nursery.start_soon(watch_key_dir, self.config.key_dir, self.reload_keys,
                                    lambda: self.keys_loaded_from)
                 nursery.start_soon(self.sweep_threads)
@@ -169,9 +168,9 @@ class Service:
     def intake_full(self) -> bool:
         return self.intake.admission.full()
 
-    def worker_ended(self) -> bool:
-        """Whether a worker process ended (the service then stops: WorkerPlane.supervise)."""
-        return isinstance(self._plane, WorkerPlane) and self._plane.ended()
+    def plane_failure(self) -> str | None:
+        """Why the data plane can no longer answer (the service then stops), or None."""
+        return self._plane.failure() if self._plane is not None else None
 
     def count_registration(self, outcome: str) -> None:
         self.stats.registrations[outcome] += 1
@@ -281,14 +280,6 @@ class Service:
         return restored
 
     # --- one registered listener --------------------------------------------------------
-    async def _run_data_plane(self, plane: DataPlane) -> None:
-        """The data plane's lifetime, owned by the service's nursery: its supervise() (the
-        worker processes'; nothing for an in-process plane) beside its run() on a thread;
-        this task ends when both have returned."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(plane.supervise)
-            await _run_on_thread(plane)
-
     def _worker_start(self) -> worker_wire.Start:
         """What each worker process is told first (workers = N): its plane's settings."""
         c = self.config
@@ -344,30 +335,11 @@ class Service:
         return {"counters": self.stats.as_dict(),
                 "keys": [f"{k:08x}" for k in self.keys.key_ids],
                 "signer": f"{self.keys.signer:08x}", "pid": os.getpid(),
-                "workers": ([w.process.pid for w in self._plane.workers]
-                            if isinstance(self._plane, WorkerPlane) else []),
+                "workers": self._plane.worker_pids() if self._plane is not None else [],
                 "fds": len(os.listdir("/proc/self/fd"))}
 
 
 # --- small I/O helpers ------------------------------------------------------------------
-
-async def _run_on_thread(plane: DataPlane) -> None:
-    """The plane's run() on a thread: on cancellation it is told to stop, and this ends
-    when run() has returned."""
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_cancel, plane.stop)
-        try:
-            await trio.to_thread.run_sync(plane.run)  # waits for the thread, always
-        finally:
-            nursery.cancel_scope.cancel()
-
-
-async def _stop_on_cancel(stop: Callable[[], None]) -> None:
-    try:
-        await trio.sleep_forever()
-    finally:
-        stop()
-
 
 def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -38,7 +38,7 @@ import time
 
 from monitor import fdpass, log
 from monitor.calls import PeerCred, Target, reference_answerer
-from monitor.dataplane import DataPlane, DataPlaneUnavailable, make_data_plane
+from monitor.dataplane import DataPlaneUnavailable, ThreadedPlane, make_data_plane
 from monitor.hardening import lock_down
 from monitor.listener import Listener, SharedReceiveLock
 from monitor.metrics import CallStats
@@ -59,7 +59,7 @@ class Worker:
         self.keys = keys
         self.stats = CallStats()
         answer = reference_answerer(self.stats, lambda: self.keys, start.signing)
-        self.plane: DataPlane = make_data_plane(
+        self.plane: ThreadedPlane = make_data_plane(
             start.data_plane, answer, self.stats, keys, signing=start.signing,
             threads_per_target=start.data_plane_threads,
             pidfds_per_target=start.pidfds_per_target, shared=receive_lock)

@@ -133,8 +133,8 @@ class WorkerPlane:
     notification must go to a worker).
 
     Its life is async, on fhmon serve's trio loop: start() before the sandbox (which
-    allows no execve), supervise() while it serves, aclose() at the end. run() and stop()
-    have nothing to do: no thread of fhmon serve answers.
+    allows no execve), serve() while fhmon serve serves, aclose() at the end; no thread of
+    fhmon serve answers.
     """
 
     def __init__(self, stats: CallStats) -> None:
@@ -160,9 +160,14 @@ class WorkerPlane:
             raise WorkerStartError(f"the worker processes were not ready within "
                                    f"{WORKER_START_TIMEOUT:g} s")
 
-    def ended(self) -> bool:
-        """Whether a worker process ended (the service then stops: supervise)."""
-        return any(w.process.returncode is not None for w in self.workers)
+    def failure(self) -> str | None:
+        """A worker process that ended: the service then stops (serve raises)."""
+        if any(w.process.returncode is not None for w in self.workers):
+            return "a worker process ended"
+        return None
+
+    def worker_pids(self) -> list[int]:
+        return [worker.process.pid for worker in self.workers]
 
     # --- the DataPlane interface --------------------------------------------------------
     def add(self, target: Target, hung_up: Callable[[], None]) -> None:
@@ -183,21 +188,15 @@ class WorkerPlane:
         for worker in self.workers:
             worker.reload_keys()
 
-    def run(self) -> None:
-        """Nothing runs on a thread of fhmon serve: the workers answer."""
-
-    def stop(self) -> None:
-        """Nothing to stop here: aclose() stops the workers."""
-
     def flush(self) -> None:
-        """Nothing to take now: the workers report every 0.5 s (supervise merges it)."""
+        """Nothing to take now: the workers report every 0.5 s (serve merges it)."""
 
     def close(self) -> None:
         """Close every control socket: each worker finishes its call and exits at EOF."""
         for worker in self.workers:
             worker.control.close()
 
-    async def supervise(self) -> None:
+    async def serve(self) -> None:
         """While the service serves: merge every worker's reports, notice the targets'
         hang-ups; raise if a worker ends (its calls in flight are recovered by
         `fhmon launch`, as after any restart)."""

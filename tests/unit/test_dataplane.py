@@ -33,6 +33,20 @@ def test_each_setting_builds_its_plane() -> None:
     native.stop()
 
 
+async def test_an_in_process_plane_serves_on_a_thread_until_cancelled() -> None:
+    """serve() runs the plane's loop on a thread and returns, stopped, when cancelled; an
+    in-process plane has no failure and no worker process to report."""
+    import trio
+
+    for name in ("python", "native"):
+        plane = _make(name)
+        with trio.move_on_after(0.3) as waited:
+            await plane.serve()
+        assert waited.cancelled_caught  # it served until cancelled, then returned
+        assert (plane.failure(), plane.worker_pids()) == (None, [])
+        plane.close()
+
+
 def test_a_missing_extension_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "monitor._native", None)  # import fails
     with pytest.raises(dataplane.DataPlaneUnavailable, match='set data_plane = "python"'):

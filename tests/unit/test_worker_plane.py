@@ -25,7 +25,7 @@ async def test_a_hang_up_is_told_once_and_reports_count_until_remove() -> None:
     target = fake_target(3, hung_up)
     plane.add(target, lambda: told.append(3))
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(plane.supervise)
+        nursery.start_soon(plane.serve)
         await trio.sleep(HANG_UP_POLL * 2)
         assert told == []
         plane._merge_report(wire.Report(calls={3: 5, 4: 1}))
@@ -37,3 +37,13 @@ async def test_a_hang_up_is_told_once_and_reports_count_until_remove() -> None:
         plane._merge_report(wire.Report(calls={3: 9}))
         nursery.cancel_scope.cancel()
     assert target.calls == 7
+
+
+def test_a_worker_that_ended_is_the_planes_failure() -> None:
+    """What readiness and status read of the plane: the workers' pids, and that one ended."""
+    plane = WorkerPlane(CallStats())
+    processes = [SimpleNamespace(pid=pid, returncode=None) for pid in (10, 11)]
+    plane.workers = [SimpleNamespace(process=process) for process in processes]  # type: ignore[misc]
+    assert (plane.failure(), plane.worker_pids()) == (None, [10, 11])
+    processes[1].returncode = -9
+    assert plane.failure() == "a worker process ended"
