@@ -67,7 +67,7 @@ def open_by_handle_at(ctx: CallContext) -> InjectFd:
     if len(raw) < 8 + header.handle_bytes:
         raise SyscallError(errno.EFAULT)
     f_handle = raw[8 : 8 + header.handle_bytes]
-    mount_dev = _mount_fd_device(ctx, mount_fd, ctx.share.facts.dev)
+    mount_dev = ctx.thread.mount_fd_device(mount_fd, ctx.share.facts.dev)
 
     if ctx.signing:
         kernel_bytes = ctx.keys.verify(ctx.share.facts.share_id, header.handle_type, f_handle)
@@ -93,34 +93,6 @@ def open_by_handle_at(ctx: CallContext) -> InjectFd:
         os.close(obj)
     # answered by ADDFD|SEND (monitor/handlers/reply.py), which closes `opened`
     return InjectFd(opened, cloexec=bool(flags & kernel.O_CLOEXEC))
-
-
-def _mount_fd_device(ctx: CallContext, mount_fd: int, share_dev: int) -> int:
-    """EBADF as the kernel gives it (bad fd, or an O_PATH fd), else the fd's st_dev. Our
-    duplicate is remembered only if it is on the share's filesystem: any other (a socket
-    with SO_LINGER) could make our later close of it, the last one once the target closed
-    its copy, wait on the thread that answers every target."""
-    # Only an errno depends on it; ADDFD validates the notification before the fd lands.
-    if mount_fd == kernel.AT_FDCWD:
-        fd = ctx.thread.open_cwd()
-        try:
-            return os.fstat(fd).st_dev
-        finally:
-            os.close(fd)
-    known = ctx.thread.known_mount_fd(mount_fd)
-    if known is not None:
-        return known
-    fd = ctx.thread.take_fd(mount_fd, check=False)
-    try:
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
-            raise SyscallError(errno.EBADF)
-        dev = os.fstat(fd).st_dev
-    except BaseException:
-        os.close(fd)
-        raise
-    if dev != share_dev or not ctx.thread.remember_mount_fd(mount_fd, fd, dev):
-        os.close(fd)  # the target still holds its copy: not the last close
-    return dev
 
 
 def _reopen_as_target(ctx: CallContext, obj: int, flags: int, is_dir: bool) -> int:

@@ -8,6 +8,7 @@ thread died, its pid may already name another process.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 from collections.abc import Sequence
 
@@ -255,9 +256,37 @@ class TargetThread:
             return SyscallError(exc.errno)
         return NotificationGone(self.tid)
 
-    def known_mount_fd(self, fd: int) -> int | None:
+    def mount_fd_device(self, mount_fd: int, share_dev: int) -> int:
+        """open_by_handle_at's mount_fd: EBADF as the kernel gives it (a bad fd, an O_PATH
+        fd), else the st_dev of the fd (of the cwd for AT_FDCWD). Like take_fd(check=False):
+        only an errno depends on it until the ADDFD validates the notification. Our
+        duplicate is remembered only if it is on the share's filesystem: any other (a
+        socket with SO_LINGER) could make our later close of it, the last one once the
+        target closed its copy, wait on the thread that answers every target."""
+        if mount_fd == kernel.AT_FDCWD:
+            fd = self.open_cwd()
+            try:
+                return os.fstat(fd).st_dev
+            finally:
+                os.close(fd)
+        known = self._known_mount_fd(mount_fd)
+        if known is not None:
+            return known
+        fd = self.take_fd(mount_fd, check=False)
+        try:
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
+                raise SyscallError(errno.EBADF)
+            dev = os.fstat(fd).st_dev
+        except BaseException:
+            os.close(fd)
+            raise
+        if dev != share_dev or not self._remember_mount_fd(mount_fd, fd, dev):
+            os.close(fd)  # the target still holds its copy: not the last close
+        return dev
+
+    def _known_mount_fd(self, fd: int) -> int | None:
         """The st_dev of the target's fd if it is still the open file it was when
-        remember_mount_fd saw it: one kcmp instead of pidfd_getfd, fcntl, fstat and close
+        _remember_mount_fd saw it: one kcmp instead of pidfd_getfd, fcntl, fstat and close
         (virtiofsd passes the same mount_fd to every open_by_handle_at). Like
         take_fd(check=False), until the caller's next validated step."""
         memo = self._cache.mount_fd if self._cache is not None else None
@@ -265,9 +294,9 @@ class TargetThread:
             return None
         return memo[2]
 
-    def remember_mount_fd(self, fd: int, ours: int, dev: int) -> bool:
+    def _remember_mount_fd(self, fd: int, ours: int, dev: int) -> bool:
         """Keep ours (a duplicate of the target's fd, which the cache then owns) for
-        known_mount_fd; False if there is no cache (the caller keeps ours)."""
+        _known_mount_fd; False if there is no cache (the caller keeps ours)."""
         cache = self._cache
         if cache is None:
             return False

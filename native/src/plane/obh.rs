@@ -4,7 +4,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use crate::abi::{self, Notification};
+use crate::abi;
 use crate::creds::{ActingAs, Baseline};
 use crate::handle::{self, MAX_HANDLE_SZ};
 use crate::policy;
@@ -12,9 +12,8 @@ use crate::refusals;
 use crate::sys;
 
 use super::call::Call;
-use super::outcome::{Outcome, err, refused, resource_or_gone};
-use super::target::Target;
-use super::target_thread::{known_mount_fd, remember_mount_fd, take_fd};
+use super::outcome::{Outcome, err, refused};
+use super::target_thread::mount_fd_device;
 
 /// open_by_handle_at(mount_fd, handle, flags) for the call's thread.
 pub(super) fn answer(call: &mut Call, base: &Baseline) -> Outcome {
@@ -94,42 +93,6 @@ pub(super) fn answer(call: &mut Call, base: &Baseline) -> Outcome {
         0
     };
     Outcome::Inject(opened, newfd_flags)
-}
-
-/// _mount_fd_device: EBADF as the kernel gives it (a bad fd, an O_PATH fd), else the
-/// st_dev of the target's mount_fd (or of its cwd for AT_FDCWD).
-fn mount_fd_device(target: &Target, n: &Notification, fd: i32) -> Result<u64, Outcome> {
-    let ours = if fd == abi::AT_FDCWD {
-        let cwd = sys::open_proc_link(n.pid, b"cwd").map_err(|e| resource_or_gone(target, n, e))?;
-        if !matches!(sys::notif_id_valid(target.listener.as_fd(), n.id), Ok(true)) {
-            return Err(Outcome::Gone);
-        }
-        cwd
-    } else {
-        if fd < 0 {
-            return Err(err(libc::EBADF));
-        }
-        if let Some(dev) = known_mount_fd(target, n, fd) {
-            return Ok(dev);
-        }
-        let ours = take_fd(target, n, fd)?;
-        match sys::fcntl_getfl(ours.as_fd()) {
-            Ok(fl) if fl & libc::O_PATH != 0 => return Err(err(libc::EBADF)),
-            Ok(_) => {}
-            Err(_) => return Err(err(libc::EIO)),
-        }
-        let dev = sys::fstat_dev_uid(ours.as_fd())
-            .map(|(dev, _)| dev)
-            .map_err(|_| err(libc::EIO))?;
-        if dev == target.share.facts.dev {
-            // the previous duplicate is closed here: a file on the share's filesystem too
-            remember_mount_fd(target, fd, ours, dev);
-        }
-        return Ok(dev);
-    };
-    sys::fstat_dev_uid(ours.as_fd())
-        .map(|(dev, _)| dev)
-        .map_err(|_| err(libc::EIO))
 }
 
 /// _reopen_as_target: the open the target asked for, with its own credentials; O_PATH

@@ -55,10 +55,46 @@ pub(super) fn open_proc_link(
     Ok(fd)
 }
 
-/// TargetThread.known_mount_fd: the st_dev of the target's fd `fd` if it is still the open
+/// TargetThread.mount_fd_device: EBADF as the kernel gives it (a bad fd, an O_PATH fd),
+/// else the st_dev of the target's mount_fd (of its cwd for AT_FDCWD). Our duplicate is
+/// remembered only if it is on the share's filesystem: any other (a socket with
+/// SO_LINGER) could make our later close of it, the last one once the target closed its
+/// copy, wait. Only an errno depends on it until ADDFD validates the notification.
+pub(super) fn mount_fd_device(target: &Target, n: &Notification, fd: i32) -> Result<u64, Outcome> {
+    let ours = if fd == abi::AT_FDCWD {
+        open_proc_link(target, n, b"cwd")?
+    } else {
+        if fd < 0 {
+            return Err(err(libc::EBADF));
+        }
+        if let Some(dev) = known_mount_fd(target, n, fd) {
+            return Ok(dev);
+        }
+        let ours = take_fd(target, n, fd)?;
+        match sys::fcntl_getfl(ours.as_fd()) {
+            Ok(fl) if fl & libc::O_PATH != 0 => return Err(err(libc::EBADF)),
+            Ok(_) => {}
+            Err(_) => return Err(err(libc::EIO)),
+        }
+        let dev = device_of(&ours)?;
+        if dev == target.share.facts.dev {
+            remember_mount_fd(target, fd, ours, dev); // the previous duplicate closes here
+        }
+        return Ok(dev);
+    };
+    device_of(&ours)
+}
+
+fn device_of(fd: &OwnedFd) -> Result<u64, Outcome> {
+    sys::fstat_dev_uid(fd.as_fd())
+        .map(|(dev, _)| dev)
+        .map_err(|_| err(libc::EIO))
+}
+
+/// TargetThread._known_mount_fd: the st_dev of the target's fd `fd` if it is still the open
 /// file remembered (one kcmp, made under the lock so that the duplicate stays open), else
 /// None. Like take_fd, it proves nothing about the notification: ADDFD validates it.
-pub(super) fn known_mount_fd(target: &Target, n: &Notification, fd: i32) -> Option<u64> {
+fn known_mount_fd(target: &Target, n: &Notification, fd: i32) -> Option<u64> {
     let memo = lock(&target.mount_fd);
     let known = memo.as_ref()?;
     let same =
@@ -66,9 +102,9 @@ pub(super) fn known_mount_fd(target: &Target, n: &Notification, fd: i32) -> Opti
     same.then_some(known.dev)
 }
 
-/// TargetThread.remember_mount_fd: keep `ours`, our duplicate of the target's fd `fd` on
+/// TargetThread._remember_mount_fd: keep `ours`, our duplicate of the target's fd `fd` on
 /// st_dev `dev`, for known_mount_fd (the previous duplicate is closed here).
-pub(super) fn remember_mount_fd(target: &Target, fd: i32, ours: OwnedFd, dev: u64) {
+fn remember_mount_fd(target: &Target, fd: i32, ours: OwnedFd, dev: u64) {
     *lock(&target.mount_fd) = Some(MountFdMemo {
         fd,
         ours,
