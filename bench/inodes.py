@@ -489,17 +489,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--files", default="1000,10000,100000",
                         help="comma-separated tree sizes N")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--per-dir", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds per N; each round runs every arm, in a rotated order")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"comma-separated arms, from {', '.join(ARMS)}")
+    parser.add_argument("--per-dir", type=int, default=1000,
+                        help="files per directory of the tree")
     parser.add_argument("--guest-memory", default="2G",
                         help="the guest's memory: it must hold N dentries and FUSE inodes")
     parser.add_argument("--hold", type=int, default=120,
                         help="how long the guest waits for the host's sample (s)")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path,
+                        help="write the whole report (every run) here")
     parser.add_argument("--from-json", type=Path, nargs="+",
                         help="render these saved reports (merged) instead of running")
-    parser.add_argument("--plot", type=Path)
+    parser.add_argument("--plot", type=Path,
+                        help="draw fds and kernel memory against N here (needs matplotlib)")
     parser.add_argument("--markdown", type=Path, action="append", default=[],
                         help="a file whose inodes markers get the table (repeatable)")
     args = parser.parse_args(argv)
