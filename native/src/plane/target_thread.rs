@@ -61,30 +61,29 @@ pub(super) fn open_proc_link(
 /// SO_LINGER) could make our later close of it, the last one once the target closed its
 /// copy, wait. Only an errno depends on it until ADDFD validates the notification.
 pub(super) fn mount_fd_device(target: &Target, n: &Notification, fd: i32) -> Result<u64, Outcome> {
-    let ours = if fd == abi::AT_FDCWD {
-        open_proc_link(target, n, b"cwd")?
-    } else {
-        if fd < 0 {
-            return Err(err(libc::EBADF));
-        }
-        if let Some(dev) = known_mount_fd(target, n, fd) {
-            return Ok(dev);
-        }
-        let ours = take_fd(target, n, fd)?;
-        match sys::fcntl_getfl(ours.as_fd()) {
-            Ok(fl) if fl & libc::O_PATH != 0 => return Err(err(libc::EBADF)),
-            Ok(_) => {}
-            Err(_) => return Err(err(libc::EIO)),
-        }
-        let dev = device_of(&ours)?;
-        if dev == target.share.facts.dev {
-            remember_mount_fd(target, fd, ours, dev); // the previous duplicate closes here
-        }
+    if fd == abi::AT_FDCWD {
+        return device_of(&open_proc_link(target, n, b"cwd")?);
+    }
+    if fd < 0 {
+        return Err(err(libc::EBADF));
+    }
+    if let Some(dev) = known_mount_fd(target, n, fd) {
         return Ok(dev);
-    };
-    device_of(&ours)
+    }
+    let ours = take_fd(target, n, fd)?;
+    match sys::fcntl_getfl(ours.as_fd()) {
+        Ok(fl) if fl & libc::O_PATH != 0 => return Err(err(libc::EBADF)),
+        Ok(_) => {}
+        Err(_) => return Err(err(libc::EIO)),
+    }
+    let dev = device_of(&ours)?;
+    if dev == target.share.facts.dev {
+        remember_mount_fd(target, fd, ours, dev); // the previous duplicate closes here
+    }
+    Ok(dev)
 }
 
+/// The st_dev of one of our fds; EIO if fstat fails (it names no caller's error).
 fn device_of(fd: &OwnedFd) -> Result<u64, Outcome> {
     sys::fstat_dev_uid(fd.as_fd())
         .map(|(dev, _)| dev)
