@@ -179,28 +179,36 @@ def detect_variants(keys: dict[str, str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def make_base() -> Path:
+SHARE_KINDS = ("filesystem", "mount")
+
+
+def make_base(kind: str = "filesystem") -> Path:
     """The bench's tree. The share is a filesystem of its own (a loop-mounted ext4 image),
     as a block-backed PVC is in KubeVirt: fhmon then confines by mount alone. A bind mount
     of a subdirectory, or a plain directory, makes every lookup and every directory open
-    walk '..' up to the share root (monitor/policy.py); that is the fallback when no loop
-    device can be had, and the report's machine.share says which one ran."""
+    walk '..' up to the share root (monitor/policy.py), as a share served from a directory
+    does (the e2e guest's): kind "mount" asks for that, and it is the fallback when
+    no loop device can be had; the report's machine.share says which one ran."""
     base = Path(tempfile.mkdtemp(prefix="fhmon-bench-", dir="/tmp"))
     base.chmod(0o755)
     share = base / "share"
     share.mkdir(mode=0o755)
     image = base / "share.img"
-    with open(image, "wb") as f:
-        f.truncate(64 << 20)
-    done = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True)
-    if done.returncode == 0:
-        done = subprocess.run(["mount", "-o", "loop", str(image), str(share)],
-                              capture_output=True, text=True)
-    if done.returncode != 0:
-        print(f"bench: the share is a bind mount of a directory, not a filesystem of its own "
-              f"(loop mount: {done.stderr.strip() or done.returncode}); lookups then pay the "
-              f"subtree walk", file=sys.stderr, flush=True)
-        image.unlink()
+    done: subprocess.CompletedProcess[str] | None = None
+    if kind == "filesystem":
+        with open(image, "wb") as f:
+            f.truncate(64 << 20)
+        done = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True,
+                              text=True)
+        if done.returncode == 0:
+            done = subprocess.run(["mount", "-o", "loop", str(image), str(share)],
+                                  capture_output=True, text=True)
+    if done is None or done.returncode != 0:
+        if done is not None:
+            print(f"bench: the share is a bind mount of a directory, not a filesystem of its "
+                  f"own (loop mount: {done.stderr.strip() or done.returncode}); lookups then "
+                  f"pay the subtree walk", file=sys.stderr, flush=True)
+        image.unlink(missing_ok=True)
         done = subprocess.run(["mount", "--bind", str(share), str(share)], capture_output=True,
                               text=True)
     share.chmod(0o755)
@@ -480,6 +488,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="off: the targets' filter is loaded while they are root, and they "
                         "run as uid 65534 without no_new_privs (a container without "
                         "noNewPrivileges); registered by the bench's own HELLO")
+    p.add_argument("--share", choices=SHARE_KINDS, default="filesystem",
+                   help="filesystem: the share is an ext4 image of its own (confined by "
+                        "mount alone); mount: a bind mount of a directory, whose lookups "
+                        "pay the subtree walk, as a share served from a directory does")
     p.add_argument("--json", default=str(HERE / "results" / "latest.json"),
                    help="write the results here (default bench/results/latest.json)")
     p.add_argument("--plot", help="draw latency and calls/s against threads into this PNG")
@@ -550,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(cells)} cells x {len(configs)} configs x {args.repeat}"
     print(f"bench: mode {mode}, {what}; load average {report['load_start']}", file=sys.stderr,
           flush=True)
-    base = make_base()
+    base = make_base(args.share)
     report["machine"]["share"] = share_kind(base)
     monitors: dict[str, Monitor] = {}
     status = 0

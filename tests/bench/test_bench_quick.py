@@ -75,3 +75,20 @@ def test_targets_without_no_new_privs_are_served(tmp_path: Path) -> None:
     cells = {(r["op"], r["config"]) for r in report["results"] if not r["errors"]}
     assert cells == {(op, config) for op in ("n2h", "n2h-path", "obh")
                      for config in ("refmon", "fhmon")}
+
+
+def test_a_share_that_is_a_bind_mount_of_a_directory_is_served(tmp_path: Path) -> None:
+    """--share mount: the share is a bind mount of a directory (lookups pay the subtree
+    walk), and the report says so; every call of fhmon and refmon a success."""
+    out = tmp_path / "mount.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--no-levers", "--ops",
+                           "n2h,obh", "--threads", "1", "--targets", "1",
+                           "--pinning", "unpinned", "--repeat", "1", "--calls", "500",
+                           "--configs", "refmon,fhmon", "--share", "mount",
+                           "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["machine"]["share"] == "mount"
+    cells = {(r["op"], r["config"]) for r in report["results"] if not r["errors"]}
+    assert cells == {(op, config) for op in ("n2h", "obh") for config in ("refmon", "fhmon")}
