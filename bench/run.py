@@ -194,23 +194,10 @@ def make_base(kind: str = "filesystem") -> Path:
     share = base / "share"
     share.mkdir(mode=0o755)
     image = base / "share.img"
-    done: subprocess.CompletedProcess[str] | None = None
-    if kind == "filesystem":
-        with open(image, "wb") as f:
-            f.truncate(64 << 20)
-        done = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True,
-                              text=True)
-        if done.returncode == 0:
-            done = subprocess.run(["mount", "-o", "loop", str(image), str(share)],
-                                  capture_output=True, text=True)
-    if done is None or done.returncode != 0:
-        if done is not None:
-            print(f"bench: the share is a bind mount of a directory, not a filesystem of its "
-                  f"own (loop mount: {done.stderr.strip() or done.returncode}); lookups then "
-                  f"pay the subtree walk", file=sys.stderr, flush=True)
+    if not (kind == "filesystem" and _mount_image(image, share)):
         image.unlink(missing_ok=True)
-        done = subprocess.run(["mount", "--bind", str(share), str(share)], capture_output=True,
-                              text=True)
+        subprocess.run(["mount", "--bind", str(share), str(share)], capture_output=True,
+                       text=True)
     share.chmod(0o755)
     for i in range(64):
         (share / f"f{i:03d}").write_text(f"file {i}\n")
@@ -219,6 +206,22 @@ def make_base(kind: str = "filesystem") -> Path:
     (base / "target.py").chmod(0o644)
     (base / "logs").mkdir()
     return base
+
+
+def _mount_image(image: Path, share: Path) -> bool:
+    """A 64 MiB ext4 image made at image and loop-mounted on share; False (and said why on
+    stderr) when either step fails."""
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    done = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True)
+    if done.returncode == 0:
+        done = subprocess.run(["mount", "-o", "loop", str(image), str(share)],
+                              capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"bench: the share is a bind mount of a directory, not a filesystem of its own "
+              f"(loop mount: {done.stderr.strip() or done.returncode}); lookups then pay the "
+              f"subtree walk", file=sys.stderr, flush=True)
+    return done.returncode == 0
 
 
 def share_kind(base: Path) -> str:

@@ -59,36 +59,34 @@ def test_a_build_that_is_no_executable_is_refused(tmp_path: Path) -> None:
     assert "is not an executable fhmon" in proc.stderr
 
 
-def test_targets_without_no_new_privs_are_served(tmp_path: Path) -> None:
-    """--no-new-privs off: targets whose filter was loaded while root, registered by the
-    bench's own HELLO, answered by fhmon and refmon alike, every call a success."""
-    out = tmp_path / "nnp.json"
+def served_run(tmp_path: Path, ops: tuple[str, ...], *extra: str) -> tuple[dict, set]:
+    """A small 1-thread run of ops against refmon and fhmon with the extra options: its
+    report, and the (op, config) cells whose every call succeeded."""
+    out = tmp_path / "run.json"
     proc = subprocess.run([sys.executable, "-m", "bench.run", "--no-levers", "--ops",
-                           "n2h,n2h-path,obh", "--threads", "1", "--targets", "1",
+                           ",".join(ops), "--threads", "1", "--targets", "1",
                            "--pinning", "unpinned", "--repeat", "1", "--calls", "500",
-                           "--configs", "refmon,fhmon", "--no-new-privs", "off",
-                           "--json", str(out)],
+                           "--configs", "refmon,fhmon", *extra, "--json", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
-    assert report["targets_no_new_privs"] == "off"
     cells = {(r["op"], r["config"]) for r in report["results"] if not r["errors"]}
-    assert cells == {(op, config) for op in ("n2h", "n2h-path", "obh")
-                     for config in ("refmon", "fhmon")}
+    return report, cells
+
+
+def test_targets_without_no_new_privs_are_served(tmp_path: Path) -> None:
+    """--no-new-privs off: targets whose filter was loaded while root, registered by the
+    bench's own HELLO, answered by fhmon and refmon alike, every call a success."""
+    ops = ("n2h", "n2h-path", "obh")
+    report, cells = served_run(tmp_path, ops, "--no-new-privs", "off")
+    assert report["targets_no_new_privs"] == "off"
+    assert cells == {(op, config) for op in ops for config in ("refmon", "fhmon")}
 
 
 def test_a_share_that_is_a_bind_mount_of_a_directory_is_served(tmp_path: Path) -> None:
     """--share mount: the share is a bind mount of a directory (lookups pay the subtree
     walk), and the report says so; every call of fhmon and refmon a success."""
-    out = tmp_path / "mount.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.run", "--no-levers", "--ops",
-                           "n2h,obh", "--threads", "1", "--targets", "1",
-                           "--pinning", "unpinned", "--repeat", "1", "--calls", "500",
-                           "--configs", "refmon,fhmon", "--share", "mount",
-                           "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
+    ops = ("n2h", "obh")
+    report, cells = served_run(tmp_path, ops, "--share", "mount")
     assert report["machine"]["share"] == "mount"
-    cells = {(r["op"], r["config"]) for r in report["results"] if not r["errors"]}
-    assert cells == {(op, config) for op in ("n2h", "obh") for config in ("refmon", "fhmon")}
+    assert cells == {(op, config) for op in ops for config in ("refmon", "fhmon")}
