@@ -13,6 +13,7 @@ pub mod creds;
 #[cfg(feature = "test-hooks")]
 pub mod fuzzing;
 pub mod handle;
+pub mod inside_memo;
 pub mod intake;
 pub mod mac;
 pub mod plane;

@@ -9,12 +9,15 @@
 //! on the share's mount) before it leaves that mount or tops out; the kernel answers ENOENT
 //! for '..' of a dentry that a bind mount of a subdirectory does not show. Only a share that
 //! covers its whole filesystem (`whole_fs`, decided by Python at registration: pin_share)
-//! skips the walk. No path has to fit in PATH_MAX, and no allocation happens per call.
+//! skips the walk. No path has to fit in PATH_MAX, and no allocation happens per call (but
+//! once per directory the memo remembers). A file's directory that an earlier walk found
+//! inside, and that nothing has moved since, is not walked again (crate::inside_memo).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::abi::{self, FS_APPEND_FL, FS_IMMUTABLE_FL, ST_RDONLY};
 use crate::handle::MAX_HANDLE_SZ;
+use crate::inside_memo::{DirKey, InsideMemo, Walk};
 use crate::refusals::{self, Entry};
 use crate::sys::{self, Errno};
 
@@ -72,6 +75,8 @@ pub struct ShareRoot<'a> {
     pub facts: &'a ShareFacts,
     pub path_fd: BorrowedFd<'a>,
     pub dir_fd: BorrowedFd<'a>,
+    /// the directories already walked to the root (crate::inside_memo)
+    pub memo: &'a InsideMemo,
 }
 
 /// policy.is_below: path is root or lies under it (by path string).
@@ -145,7 +150,7 @@ pub fn check_resolved(
         return Ok(());
     }
     let inside = if id.is_dir() {
-        dir_inside_from(share.facts, obj, id)
+        dir_inside_from(share.facts, obj, id, None)
     } else {
         file_inside(share, obj)
     }?;
@@ -169,7 +174,7 @@ pub fn check_opened(
     if share.facts.whole_fs || !id.is_dir() {
         return Ok(());
     }
-    if !dir_inside_from(share.facts, obj, id)? {
+    if !dir_inside_from(share.facts, obj, id, None)? {
         return Err(refused(&refusals::DIRECTORY_LEFT_SHARE));
     }
     Ok(())
@@ -180,15 +185,17 @@ pub fn check_opened(
 /// kernel refuses '..'. Err: a statx failed (the reference lets that OSError through).
 pub fn dir_inside(share: &ShareFacts, dir: BorrowedFd<'_>) -> Result<bool, Refusal> {
     let id = Identity::of(dir).map_err(failed)?;
-    dir_inside_from(share, dir, &id)
+    dir_inside_from(share, dir, &id, None)
 }
 
 /// dir_inside for a directory whose identity the caller's own statx of `dir` gave (the
-/// share root itself then costs no further syscall).
+/// share root itself then costs no further syscall); with a memo's walk, each directory
+/// is watched before the walk climbs above it.
 fn dir_inside_from(
     share: &ShareFacts,
     dir: BorrowedFd<'_>,
     id: &Identity,
+    mut walk: Option<&mut Walk<'_>>,
 ) -> Result<bool, Refusal> {
     let (mut dev, mut ino, mut mnt) = (id.dev, id.ino, id.mount_id);
     let mut cur: Option<OwnedFd> = None;
@@ -200,6 +207,9 @@ fn dir_inside_from(
             return Ok(true);
         }
         let at = cur.as_ref().map_or(dir, |fd| fd.as_fd());
+        if let Some(walk) = walk.as_deref_mut() {
+            walk.watch(at);
+        }
         let Ok(parent) = sys::open_parent(at) else {
             return Ok(false);
         };
@@ -215,9 +225,22 @@ fn dir_inside_from(
 /// policy._file_inside: a non-directory is inside when its parent directory (from its
 /// connectable handle, on the generic exportfs layouts) is; elsewhere the printed path
 /// decides, and one that does not print is EOPNOTSUPP (virtiofsd keeps its O_PATH fd).
+/// A parent the memo holds is inside without being opened or walked.
 fn file_inside(share: &ShareRoot<'_>, obj: BorrowedFd<'_>) -> Result<bool, Refusal> {
-    if let Some(parent) = parent_dir(share, obj) {
-        return dir_inside(share.facts, parent.as_fd());
+    if let Some(parent) = ParentHandle::of(obj) {
+        let key = DirKey::new(parent.handle_type, parent.bytes());
+        if key.as_ref().is_some_and(|key| share.memo.holds(key)) {
+            return Ok(true);
+        }
+        if let Some(dir) = parent.open(share) {
+            let id = Identity::of(dir.as_fd()).map_err(failed)?;
+            let mut walk = share.memo.begin();
+            let inside = dir_inside_from(share.facts, dir.as_fd(), &id, walk.as_mut())?;
+            if let (true, Some(walk), Some(key)) = (inside, walk, key) {
+                walk.remember(&key);
+            }
+            return Ok(inside);
+        }
     }
     let mut obj_buf = [0u8; PATH_MAX];
     let mut share_buf = [0u8; PATH_MAX];
@@ -253,18 +276,40 @@ pub fn parent_layout(handle_type: i32) -> Option<(i32, std::ops::Range<usize>)> 
     }
 }
 
-/// policy._parent_dir: an O_PATH fd of the directory a non-directory's dentry hangs from.
-fn parent_dir(share: &ShareRoot<'_>, obj: BorrowedFd<'_>) -> Option<OwnedFd> {
-    let mut bytes = [0u8; MAX_HANDLE_SZ];
-    let flags = abi::AT_HANDLE_CONNECTABLE | abi::AT_SYMLINK_FOLLOW;
-    // no connectable handles here, or a disconnected dentry: None
-    let (handle_type, len, _) = sys::name_to_handle_at_of_fd(obj, flags, &mut bytes).ok()?;
-    let (parent_type, at) = parent_layout(handle_type)?;
-    if len < at.end {
-        return None;
+/// The handle of the directory a non-directory's dentry hangs from: the parent part of the
+/// object's connectable handle (policy._parent_dir before it opens it).
+struct ParentHandle {
+    handle_type: i32,
+    bytes: [u8; MAX_HANDLE_SZ],
+    at: std::ops::Range<usize>,
+}
+
+impl ParentHandle {
+    /// None: no connectable handles here, a disconnected dentry, or not a generic layout.
+    fn of(obj: BorrowedFd<'_>) -> Option<ParentHandle> {
+        let mut bytes = [0u8; MAX_HANDLE_SZ];
+        let flags = abi::AT_HANDLE_CONNECTABLE | abi::AT_SYMLINK_FOLLOW;
+        let (handle_type, len, _) = sys::name_to_handle_at_of_fd(obj, flags, &mut bytes).ok()?;
+        let (parent_type, at) = parent_layout(handle_type)?;
+        if len < at.end {
+            return None;
+        }
+        Some(ParentHandle {
+            handle_type: parent_type,
+            bytes,
+            at,
+        })
     }
-    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
-    sys::open_by_handle_at(share.dir_fd, parent_type, &bytes[at], flags).ok()
+
+    fn bytes(&self) -> &[u8] {
+        &self.bytes[self.at.clone()]
+    }
+
+    /// An O_PATH fd of the directory itself.
+    fn open(&self, share: &ShareRoot<'_>) -> Option<OwnedFd> {
+        let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+        sys::open_by_handle_at(share.dir_fd, self.handle_type, self.bytes(), flags).ok()
+    }
 }
 
 /// statfs f_type of local filesystems whose chmod by the owner always takes
@@ -352,10 +397,12 @@ mod tests {
         std::fs::write(share.join("a/file"), b"x").unwrap();
         let root = open(&share);
         let facts = facts_of(root.as_fd());
+        let memo = InsideMemo::watching();
         let root_view = ShareRoot {
             facts: &facts,
             path_fd: root.as_fd(),
             dir_fd: root.as_fd(),
+            memo: &memo,
         };
         let b = open(&share.join("a/b"));
         assert_eq!(dir_inside(&facts, b.as_fd()), Ok(true));
@@ -382,7 +429,10 @@ mod tests {
             Ok(())
         );
         assert_eq!(check_resolved(&root_view, file.as_fd(), &file_id), Ok(()));
-        // moved out: the same fd is now outside
+        // the second time from the memo (a/ walked once), with the same answer
+        assert_eq!(memo.len(), 1, "the walk of a/ is remembered");
+        assert_eq!(check_resolved(&root_view, file.as_fd(), &file_id), Ok(()));
+        // moved out: the same fd is now outside, memo or not
         std::fs::rename(share.join("a"), base.join("other/a")).unwrap();
         assert_eq!(dir_inside(&facts, b.as_fd()), Ok(false));
         assert_eq!(

@@ -7,6 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Condvar, Mutex};
 
+use crate::inside_memo::InsideMemo;
 use crate::mac::ShareId;
 use crate::policy::{ShareFacts, ShareRoot};
 
@@ -18,6 +19,9 @@ pub struct Share {
     pub dir_fd: OwnedFd,
     pub path_fd: OwnedFd,
     pub facts: ShareFacts,
+    /// directories of this share already walked (disabled for a share that is a
+    /// filesystem of its own: nothing is walked there)
+    pub memo: InsideMemo,
 }
 
 impl Share {
@@ -26,6 +30,7 @@ impl Share {
             facts: &self.facts,
             path_fd: self.path_fd.as_fd(),
             dir_fd: self.dir_fd.as_fd(),
+            memo: &self.memo,
         }
     }
 }

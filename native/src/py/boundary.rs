@@ -31,6 +31,11 @@ impl PyShareRoot {
             dir_fd: crate::sys::dup(self.dir_fd).map_err(os_error)?,
             path_fd: crate::sys::dup(self.path_fd).map_err(os_error)?,
             facts: self.facts,
+            memo: if self.facts.whole_fs {
+                crate::inside_memo::InsideMemo::disabled()
+            } else {
+                crate::inside_memo::InsideMemo::watching()
+            },
         })
     }
 }

@@ -13,6 +13,7 @@ mod cpus;
 mod creds;
 mod files;
 mod handles;
+mod inotify;
 pub mod launch;
 mod locked;
 mod memory;
@@ -33,6 +34,7 @@ pub use files::{
     open_proc_link, openat2, read_proc_status, reopen, reopen_in,
 };
 pub use handles::{name_to_handle_at, name_to_handle_at_of_fd, open_by_handle_at};
+pub use inotify::{drain_events, inotify_new, watch_moves};
 pub use locked::LockedBox;
 pub use memory::{read_target, write_target};
 pub use notif::{notif_addfd, notif_id_valid, notif_recv, notif_send, notif_set_sync_wakeup};
