@@ -16,6 +16,10 @@ container; the report records that limit):
   unprivileged  uid 65534, no capabilities, --inode-file-handles=never: KubeVirt today
   fhmon         uid 65534 under `fhmon launch` (fhmon serve's defaults), prefer
   root          root with CAP_DAC_READ_SEARCH, prefer: the kernel's own handles
+  NAME          with --build NAME=FHMON: the fhmon arm served by another build's `fhmon`
+                executable (a checkout of the commit before a change: its .venv/bin/fhmon),
+                so that two builds' walks are interleaved in one run; `fhmon launch` is
+                this checkout's
 
 Recorded per arm, at the end of the walk: virtiofsd's open fds and RSS; the kernel memory
 charged to virtiofsd's memory cgroup (v1: memory.kmem.usage_in_bytes of a child of this
@@ -186,6 +190,11 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def served(arm: str) -> bool:
+    """The arm runs virtiofsd under fhmon: the fhmon arm, or another build's (--build)."""
+    return arm not in ("unprivileged", "root")
+
+
 def arm_argv(arm: str, cgroup: MemCgroup | None, fhmon_wrapper: list[str]) -> list[str]:
     """The wrapper that starts virtiofsd for an arm: into its cgroup, then as uid 65534 (plain
     or under fhmon launch) or as root."""
@@ -194,7 +203,7 @@ def arm_argv(arm: str, cgroup: MemCgroup | None, fhmon_wrapper: list[str]) -> li
         nobody = str(harness.NOBODY)
         return [*enter, "setpriv", f"--reuid={nobody}", f"--regid={nobody}",
                 "--clear-groups", "--inh-caps=-all", "--"]
-    if arm == "fhmon":
+    if served(arm):
         return [*enter, *fhmon_wrapper]
     return enter
 
@@ -203,8 +212,9 @@ def arm_argv(arm: str, cgroup: MemCgroup | None, fhmon_wrapper: list[str]) -> li
 
 def run_arm(env: harness.Env, arm: str, tree_home: Path, tree: walk.Tree,
             tree_cgroup: MemCgroup | None, hold_seconds: int,
-            qemu_timeout: float) -> dict[str, Any]:
-    """One walk of the tree with one arm; the tree is moved into the run's share and back."""
+            qemu_timeout: float, fhmon: str | None = None) -> dict[str, Any]:
+    """One walk of the tree with one arm; the tree is moved into the run's share and back.
+    fhmon: the executable that serves a served arm (None: this checkout's)."""
     uid = 0 if arm == "root" else harness.NOBODY
     with contextlib.ExitStack() as stack:
         rd = stack.enter_context(harness.run_dir(uid))
@@ -218,10 +228,10 @@ def run_arm(env: harness.Env, arm: str, tree_home: Path, tree: walk.Tree,
         svc = None
         fhmon_cgroup = None
         wrapper: list[str] = []
-        if arm == "fhmon":
+        if served(arm):
             # The cgroup first: it is removed after fhmon serve has stopped.
             fhmon_cgroup = stack.enter_context(mem_cgroup("fhmon-serve"))
-            svc = stack.enter_context(harness.fhmon_service(rd))
+            svc = stack.enter_context(harness.fhmon_service(rd, fhmon))
             if fhmon_cgroup is not None:
                 for pid in descendants(svc.proc.pid):
                     with contextlib.suppress(OSError):
@@ -247,7 +257,7 @@ def run_arm(env: harness.Env, arm: str, tree_home: Path, tree: walk.Tree,
                     got["fhmon_kmem"] = fhmon_cgroup.kmem()
             return got
 
-        run = walk.run_walk(env, rd, shared, uid=uid, mode=MODES[arm],
+        run = walk.run_walk(env, rd, shared, uid=uid, mode=MODES.get(arm, "prefer"),
                             wrapper=arm_argv(arm, cgroup, wrapper),
                             hold_seconds=hold_seconds, qemu_timeout=qemu_timeout,
                             on_hold=on_hold)
@@ -324,7 +334,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for files in sorted({r["files"] for r in runs}):
         per_arm: dict[str, dict[str, Any]] = {}
-        for arm in ARMS:
+        builds = sorted({r["arm"] for r in runs} - set(ARMS))
+        for arm in (*ARMS, *builds):
             mine = [r for r in runs if r["files"] == files and r["arm"] == arm]
             if not mine:
                 continue
@@ -493,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="rounds per N; each round runs every arm, in a rotated order")
     parser.add_argument("--arms", default=",".join(ARMS),
                         help=f"comma-separated arms, from {', '.join(ARMS)}")
+    parser.add_argument("--build", action="append", default=[], metavar="NAME=FHMON",
+                        help="one more arm, NAME: the fhmon arm served by this executable")
     parser.add_argument("--per-dir", type=int, default=1000,
                         help="files per directory of the tree")
     parser.add_argument("--guest-memory", default="2G",
@@ -512,9 +525,16 @@ def main(argv: list[str] | None = None) -> int:
         saved = merge_reports([json.loads(p.read_text()) for p in args.from_json])
         return render(saved, args.json, args.plot, args.markdown)
     sizes = [int(n) for n in args.files.split(",") if n]
+    builds: dict[str, str] = {}
+    for text in args.build:
+        name, _, path = text.partition("=")
+        if not name or name in ARMS or not os.access(path, os.X_OK):
+            parser.error(f"--build {text!r}: expected NAME=PATH of an fhmon executable, "
+                         f"NAME not one of {', '.join(ARMS)}")
+        builds[name] = path
     arms = [a for a in args.arms.split(",") if a]
-    if set(arms) - set(ARMS):
-        parser.error(f"arms from {', '.join(ARMS)}")
+    if set(arms) - set(ARMS) - set(builds):
+        parser.error(f"arms from {', '.join((*ARMS, *builds))}")
     harness.GUEST_MEMORY = args.guest_memory
     env = harness.ensure_env()
     accel = harness.accelerator(env)
@@ -539,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
                     order = arms[i % len(arms):] + arms[:i % len(arms)]
                     for arm in order:
                         r = run_arm(env, arm, home, tree, tree_cgroup, args.hold,
-                                    qemu_timeout=600 + files / 100)
+                                    qemu_timeout=600 + files / 100, fhmon=builds.get(arm))
                         r["round"] = i
                         r["loadavg"] = os.getloadavg()[0]
                         report["runs"].append(r)

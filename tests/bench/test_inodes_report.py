@@ -139,3 +139,31 @@ def test_merge_reports_keeps_every_run() -> None:
     assert "Medians of 3 rounds (1 at 1,000,000 files), TCG guest with 2G/3G" in table
     with pytest.raises(ValueError):
         inodes.merge_reports([])
+
+
+def test_a_build_arm_is_summarized_after_the_named_arms_with_its_ratio_to_root() -> None:
+    runs = _report()["runs"]
+    for i, before_s in enumerate([1.4, 2.4, 1.8]):
+        runs.append(_run("before", 1000, i, fds=20, walk_s=before_s))
+    small = inodes.summarize(runs)["1000"]
+    assert list(small) == ["unprivileged", "fhmon", "root", "before"]
+    # Per round: 1.4/1.0, 2.4/2.0, 1.8/1.5; over all: 1.8/1.5.
+    assert small["before"]["round_ratios"] == [1.4, 1.2, 1.2]
+    assert small["before"]["walk_ratio"] == 1.2
+    assert inodes.served("before") and inodes.served("fhmon")
+    assert not inodes.served("root") and not inodes.served("unprivileged")
+
+
+@pytest.mark.parametrize("build", ["=/bin/true", "root=/bin/true", "before=/nonexistent"])
+def test_a_build_arm_needs_a_new_name_and_an_executable(build: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        inodes.main(["--build", build, "--arms", "fhmon"])
+    assert exit_.value.code == 2
+    assert "expected NAME=PATH of an fhmon executable" in capsys.readouterr().err
+
+
+def test_an_arm_must_be_named_or_built(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        inodes.main(["--build", "before=/bin/true", "--arms", "fhmon,after"])
+    assert "arms from unprivileged, fhmon, root, before" in capsys.readouterr().err
