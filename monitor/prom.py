@@ -1,7 +1,7 @@
 """Prometheus metrics, served from fhmon's trio nursery (no threads).
 
 prometheus-client gives the exposition format and the metric types; its own HTTP server
-runs in a thread, so fhmon serves `GET /metrics` itself, through monitor/http.py.
+runs in a thread, so fhmon serves `GET /metrics` itself, through monitor/http/.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ async def serve_http(metrics: Metrics, address: str,
                      task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
                      ) -> None:
     """`GET /metrics`, `/healthz` and `/readyz` on `address`, through the bounded server of
-    monitor/http.py (no request body; a scrape must arrive within 5 s)."""
+    monitor/http/ (no request body; a scrape must arrive within 5 s)."""
 
     async def scrape(request: http.Request) -> http.Response:
         return http.Response(200, metrics.exposition(), content_type=CONTENT_TYPE_LATEST)

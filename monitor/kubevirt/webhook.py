@@ -13,7 +13,7 @@ body of more JSON values than MAX_JSON_VALUES is a 400 before it is parsed (json
 costs up to ~70 bytes per value), a pod of more than MAX_CONTAINERS containers, or whose
 patch would exceed MAX_PATCH_BYTES, is allowed unchanged with a warning; reviews are
 computed one at a time (trio runs them on one thread, without awaiting) and at most
-LIMITS.max_bodies requests hold a body in memory at once (monitor/http.py).
+LIMITS.max_bodies requests hold a body in memory at once (monitor/http/).
 
 The serving certificate is re-read when its files change (a cert-manager renewal or a
 kubelet Secret-volume update swaps them), checked on every new connection by stat(): an
