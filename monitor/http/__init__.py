@@ -33,11 +33,18 @@ accepting, TLS, the end of every connection).
 """
 
 from monitor.http.connection import PACE, Connection
-from monitor.http.limits import Limits, connection_cap, per_source_cap, source_of
+from monitor.http.limits import (
+    Limits,
+    connection_cap,
+    per_source_cap,
+    raise_fd_limit,
+    source_of,
+)
 from monitor.http.messages import Handler, Request, Response, route, text
 from monitor.http.server import parse_address, serve
 
 _Connection = Connection  # the name the unit tests drive one connection by
 
 __all__ = ["PACE", "Connection", "Handler", "Limits", "Request", "Response", "connection_cap",
-           "parse_address", "per_source_cap", "route", "serve", "source_of", "text"]
+           "parse_address", "per_source_cap", "raise_fd_limit", "route", "serve", "source_of",
+           "text"]

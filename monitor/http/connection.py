@@ -12,7 +12,7 @@ import h11
 import trio
 
 from monitor import log
-from monitor.http.admission import BodySlots
+from monitor.http.admission import BodySlots, Ticket
 from monitor.http.limits import Limits
 from monitor.http.messages import Handler, Request, Response, text
 
@@ -24,8 +24,9 @@ class Connection:
     """The request/response cycles of one connection, over h11."""
 
     def __init__(self, stream: trio.abc.Stream, handler: Handler, limits: Limits,
-                 bodies: BodySlots | None = None) -> None:
+                 bodies: BodySlots | None = None, ticket: Ticket | None = None) -> None:
         self.stream = stream
+        self.ticket = ticket  # told when a request is complete and when it is answered
         self.handler = handler
         self.limits = limits
         self.bodies = bodies or BodySlots(None, trio.Semaphore(1 << 30))
@@ -55,6 +56,8 @@ class Connection:
             if request is None:
                 return
             served += 1
+            if self.ticket is not None:
+                self.ticket.working()
             last = served >= self.limits.max_requests_per_connection
             response = await self.answer(request)
             del request  # its body: only the answer stays while it is sent
@@ -66,6 +69,8 @@ class Connection:
                 response = text(503, "busy: too many large answers in flight")
             await self.send(response, close=last)
             self.bodies.release()
+            if self.ticket is not None:
+                self.ticket.waiting()
             if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
                 return  # one side asked to close (Connection: close, HTTP/1.0, an error)
             self.h11.start_next_cycle()

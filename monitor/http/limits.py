@@ -26,6 +26,9 @@ class Limits:
     max_bodies: int | None = None  # None: as many as connections
     small_body_bytes: int = 0  # bodies up to this declared length need no body slot
     body_timeout: float | None = None  # None: request_timeout
+    # TLS only: connections that hold TLS state (an SSL object, its buffers: far more
+    # memory than a connection whose client has not spoken yet). None: max_connections.
+    max_sessions: int | None = None
 
 
 DEFAULT_LIMITS = Limits()
@@ -59,3 +62,13 @@ def connection_cap(limits: Limits) -> int:
         return max(1, limits.max_connections)
     return max(1, min(limits.max_connections, soft // FD_SHARE))
 
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (as Go programs do at
+    start; container runtimes often leave the soft one at 1,024), so that the connection
+    cap is the configured one; the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]

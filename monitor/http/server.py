@@ -12,7 +12,7 @@ from collections.abc import Callable
 import trio
 
 from monitor import log
-from monitor.http.admission import BodySlots, Source
+from monitor.http.admission import Admission, BodySlots, Ticket
 from monitor.http.connection import Connection
 from monitor.http.limits import DEFAULT_LIMITS, Limits, connection_cap, per_source_cap, source_of
 from monitor.http.messages import Handler
@@ -22,7 +22,7 @@ from monitor.http.messages import Handler
 CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 CAPACITY_PAUSE = 0.1
 CLOSE_GRACE = 1.0  # time to flush a last answer (or TLS close_notify) before the fd goes
-REFUSAL_LOG_INTERVAL = 10.0  # at most one log line this often for connections closed at a cap
+LOG_INTERVAL = 10.0  # at most one log line this often for connections closed at a cap
 
 
 def parse_address(address: str) -> tuple[str | None, int]:
@@ -68,21 +68,38 @@ class _Server:
         self.limits = limits
         self.ssl_context = ssl_context
         self.cap = connection_cap(limits)
-        self.slots = trio.Semaphore(self.cap)  # one per connection being served
+        self.slots = trio.Semaphore(self.cap)  # one per connection fd held
         self.per_source = per_source_cap(limits, self.cap)
         bodies = self.cap if limits.max_bodies is None else max(1, limits.max_bodies)
         self.body_slots = trio.Semaphore(bodies)
-        self.bodies_per_source = max(1, bodies // 2) if limits.max_bodies is not None else bodies
-        self.sources: dict[str, Source] = {}
-        self.refused = 0  # connections closed at once: their address was at its cap
-        self._refusal_logged = -REFUSAL_LOG_INTERVAL
+        bodies_per_source = max(1, bodies // 2) if limits.max_bodies is not None else bodies
+        sessions = None
+        if ssl_context is not None and limits.max_sessions is not None:
+            sessions = max(1, min(self.cap, limits.max_sessions))
+        self.admission = Admission(self.cap, self.per_source, sessions, bodies_per_source)
+        self.refused = 0  # connections closed at once: all of their address's were busy
+        self._logged = {"refused": -LOG_INTERVAL, "evicted": -LOG_INTERVAL}
+
+    def _log_at_most_every(self, what: str) -> None:
+        now = trio.current_time()
+        if now - self._logged[what] >= LOG_INTERVAL:
+            self._logged[what] = now
+            log.event(f"{self.name}_connections_{what}", logging.WARNING,
+                      max_connections=self.cap, max_per_source=self.per_source,
+                      evicted_total=self.admission.evicted, refused_total=self.refused)
 
     async def accept_loop(self, listener: trio.SocketListener,
                           nursery: trio.Nursery) -> None:
         while True:
-            # At the cap, accept nothing: further connections wait in the kernel's listen
-            # backlog (no fd of ours, no CPU: a reconnect storm costs the data plane
-            # nothing) until a slot frees, at the latest request_timeout later.
+            if self.slots.value == 0:
+                # At the cap with someone knocking: the connection that has waited
+                # longest for its client gives way (admission.py), so that the backlog
+                # drains at once and a kubelet probe or an API server's review is never
+                # kept behind slow or silent peers. When every connection is being
+                # answered, the knocking one waits in the kernel's backlog.
+                await trio.lowlevel.wait_readable(listener.socket)
+                if self.admission.make_room():
+                    self._log_at_most_every("evicted")
             await self.slots.acquire()
             try:
                 stream = await listener.accept()
@@ -97,62 +114,52 @@ class _Server:
             except BaseException:
                 self.slots.release()
                 raise
-            source = self._admit(stream)
-            if source is None:
-                # This address holds its share already: close at once (no answer, no
-                # wait), so that its flood drains from the backlog instead of queueing
-                # in front of other clients.
+            ticket = self._admit(stream)
+            if ticket is None:
+                # Every connection of this address is being answered: close at once (no
+                # answer, no wait), so that its flood drains from the backlog.
                 self.refused += 1
                 try:
                     await trio.aclose_forcefully(stream)
                 finally:
                     self.slots.release()  # once the fd is closed
-                now = trio.current_time()
-                if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL:
-                    self._refusal_logged = now
-                    log.event(f"{self.name}_source_at_cap", logging.WARNING,
-                              max_per_source=self.per_source, refused_total=self.refused)
+                self._log_at_most_every("refused")
                 continue
-            nursery.start_soon(self.connection, stream, source)
+            nursery.start_soon(self.connection, stream, ticket)
 
-    def _admit(self, stream: trio.SocketStream) -> str | None:
-        """The connection's source, counted; None when that source is at its cap."""
+    def _admit(self, stream: trio.SocketStream) -> Ticket | None:
         try:
             source = source_of(stream.socket.getpeername())
         except OSError:
             return None  # already reset by the peer
-        held = self.sources.get(source)
-        if held is None:
-            held = self.sources[source] = Source(0, trio.Semaphore(self.bodies_per_source))
-        elif held.connections >= self.per_source:
-            return None
-        held.connections += 1
-        return source
+        evicted = self.admission.evicted
+        ticket = self.admission.admit(source)
+        if self.admission.evicted != evicted:
+            self._log_at_most_every("evicted")
+        return ticket
 
-    def _leave(self, source: str) -> None:
-        held = self.sources[source]
-        held.connections -= 1
-        if held.connections == 0:
-            del self.sources[source]
-
-    async def connection(self, stream: trio.SocketStream, source: str = "") -> None:
+    async def connection(self, stream: trio.SocketStream, ticket: Ticket) -> None:
         """Serve one connection; whatever happens on it ends here."""
         transport: trio.abc.Stream = stream
         handshaken = self.ssl_context is None
         try:
-            if self.ssl_context is not None:
-                tls = trio.SSLStream(stream, self.ssl_context(), server_side=True)
-                transport = tls
-                with trio.move_on_after(self.limits.handshake_timeout):
-                    await tls.do_handshake()
-                    handshaken = True
-                if not handshaken:
-                    log.event(f"{self.name}_connection_failed", logging.DEBUG,
-                              error="handshake timeout")
-                    return
-            held = self.sources.get(source)
-            bodies = BodySlots(held.bodies if held else None, self.body_slots)
-            await Connection(transport, self.handler, self.limits, bodies).run()
+            with ticket.scope:
+                if self.ssl_context is not None:
+                    with trio.move_on_after(self.limits.handshake_timeout):
+                        # No TLS state (memory) for a client that has not spoken yet.
+                        await trio.lowlevel.wait_readable(stream.socket)
+                        await self.admission.start_session(ticket)
+                        tls = trio.SSLStream(stream, self.ssl_context(), server_side=True)
+                        transport = tls
+                        await tls.do_handshake()
+                        handshaken = True
+                    if not handshaken:
+                        log.event(f"{self.name}_connection_failed", logging.DEBUG,
+                                  error="handshake timeout")
+                        return
+                held = self.admission.sources.get(ticket.source)
+                bodies = BodySlots(held.bodies if held else None, self.body_slots)
+                await Connection(transport, self.handler, self.limits, bodies, ticket).run()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
                 ssl.SSLError) as e:
             log.event(f"{self.name}_connection_failed", logging.DEBUG, error=_describe(e))
@@ -161,7 +168,7 @@ class _Server:
                       error=_describe(e))
         finally:
             try:
-                if not handshaken:  # nothing to say over TLS: close the socket now
+                if not handshaken or ticket.evicted:  # nothing more to say: close now
                     await trio.aclose_forcefully(stream)
                 else:
                     with trio.move_on_after(CLOSE_GRACE) as closing:
@@ -173,8 +180,7 @@ class _Server:
                     if closing.cancelled_caught:
                         await trio.aclose_forcefully(stream)
             finally:
-                if source in self.sources:
-                    self._leave(source)
+                self.admission.leave(ticket)
                 self.slots.release()  # once the fd is closed
 
 
