@@ -4,14 +4,14 @@ A peer fhmon cannot tell apart from the kubelet or the API server (the same node
 one NAT) must not be able to keep them out, however many connections it holds and however
 slowly it speaks. So a new connection is never kept waiting or refused because others wait
 for their clients: at a cap, the connection that has waited longest for its client gives
-way (it is closed at once), that of the same address first. Connections waiting for their
-client are those in a TLS handshake, those whose request has not fully arrived, and idle
-keep-alive ones; a connection whose request is being answered is never closed this way.
-Connections that were never answered go before idle ones that were (an API server's pooled
-connection outlives a flood of silent ones). A kubelet probe or an API server's review is a
-complete request within a round trip of its accept: to close it before it is answered, a
-peer must open `per_source` (of its address) or `cap` (of all) connections within that
-round trip, at the pace fhmon accepts them.
+way (it is closed at once), that of the same address first. A connection waits for its
+client in its TLS handshake, until its request has fully arrived, while its answer is
+being sent (a client that does not read), and idle between requests; only while its
+handler runs may it not be closed this way. Its wait begins at its accept and again when
+its answer is ready, so the newest connection is the last to go: a kubelet probe or an API
+server's review is a complete request within a round trip of its accept, and to close it
+before it is answered a peer must open `per_source` (of its address) or `cap` (of all)
+connections within that round trip, at the pace fhmon accepts them.
 """
 
 from __future__ import annotations
@@ -20,22 +20,26 @@ import trio
 
 
 class _Waiting:
-    """Connections waiting for their client, oldest first: never-answered ones, then idle
-    ones that were answered before."""
+    """Connections waiting for their client, the one that has waited longest first (its
+    wait began at its accept or at its last answer)."""
 
     def __init__(self) -> None:
-        self.fresh: dict[Ticket, None] = {}
-        self.idle: dict[Ticket, None] = {}
+        self.tickets: dict[Ticket, None] = {}  # insertion-ordered
 
     def add(self, ticket: Ticket) -> None:
-        (self.idle if ticket.answered else self.fresh)[ticket] = None
+        self.tickets[ticket] = None
 
     def discard(self, ticket: Ticket) -> None:
-        self.fresh.pop(ticket, None)
-        self.idle.pop(ticket, None)
+        self.tickets.pop(ticket, None)
 
     def oldest(self) -> Ticket | None:
-        return next(iter(self.fresh), None) or next(iter(self.idle), None)
+        return next(iter(self.tickets), None)
+
+    def __contains__(self, ticket: Ticket) -> bool:
+        return ticket in self.tickets
+
+    def __bool__(self) -> bool:
+        return bool(self.tickets)
 
 
 class Source:
@@ -51,23 +55,22 @@ class Source:
 class Ticket:
     """One admitted connection. `scope` is what ends it when it must give way."""
 
-    __slots__ = ("admission", "answered", "evicted", "scope", "session", "source")
+    __slots__ = ("admission", "evicted", "scope", "session", "source")
 
     def __init__(self, admission: Admission, source: str) -> None:
         self.admission = admission
         self.source = source
         self.scope = trio.CancelScope()
         self.evicted = False
-        self.answered = False  # at least one answer sent
         self.session = False  # holds a session slot
 
     def working(self) -> None:
-        """Its request is complete: it is not to be closed until answered."""
+        """Its request is complete: not to be closed while its handler runs."""
         self.admission._unlist(self)
 
     def waiting(self) -> None:
-        """Answered: it waits for its client's next request, as the youngest."""
-        self.answered = True
+        """Its answer is ready: it waits for its client (to read the answer, then to send
+        its next request), as the youngest."""
         self.admission._list(self)
 
 
@@ -126,7 +129,7 @@ class Admission:
                 self.evict(victim)
         await self.sessions.acquire()
         ticket.session = True
-        if ticket in self.waiting.fresh or ticket in self.waiting.idle:
+        if ticket in self.waiting:
             self.waiting_sessions.add(ticket)
 
     def evict(self, ticket: Ticket) -> None:
@@ -148,7 +151,7 @@ class Admission:
             return
         if not ticket.evicted:
             held.connections -= 1
-        if held.connections == 0 and not held.waiting.fresh and not held.waiting.idle:
+        if held.connections == 0 and not held.waiting:
             del self.sources[ticket.source]
 
     def _list(self, ticket: Ticket) -> None:

@@ -61,6 +61,8 @@ class Connection:
             last = served >= self.limits.max_requests_per_connection
             response = await self.answer(request)
             del request  # its body: only the answer stays while it is sent
+            if self.ticket is not None:
+                self.ticket.waiting()  # for the client to read the answer
             if (self.limits.max_bodies is not None and not self.bodies.held
                     and len(response.body) > self.limits.small_body_bytes
                     and not self.bodies.try_acquire()):

@@ -436,33 +436,57 @@ async def test_connections_being_answered_never_give_way() -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_clients_that_do_not_read_their_answers_give_way() -> None:
+    """An answer being sent waits for its client: an address whose connections all hold
+    an unread answer (larger than the socket buffers) still gets its newcomer served."""
+    async def huge(request: Request) -> Response:
+        return Response(200, b"x" * (16 * 2**20))
+
+    handler = http.route({"/huge": {"GET": huge}, "/echo": {"GET": echo}})
+    limits = Limits(max_connections=8, max_per_source=2, request_timeout=10.0)
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, handler, "127.0.0.1:0", name="test", limits=limits))
+        port = bound[0][1]
+        readers = [await connect_from("127.0.0.2", port) for _ in range(2)]
+        for stream in readers:
+            await stream.send_all(b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n")
+        await trio.sleep(0.5)  # both answers stuck in full socket buffers
+        newcomer = await connect_from("127.0.0.2", port)
+        assert (await get_answer(newcomer, CLOSE_GET)).startswith(b"HTTP/1.1 200")
+        for stream in (*readers, newcomer):
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
 async def test_at_the_servers_cap_the_oldest_waiting_connection_gives_way() -> None:
     """Many peers, one silent connection each, fill the server: the next peer is served,
-    and it is the oldest silent one that goes; a connection idle after an answer goes only
-    after every never-answered one."""
+    and it is the connection that waited longest that goes (a pooled connection's wait
+    begins again with each answer)."""
     limits = Limits(max_connections=4, max_per_source=4, request_timeout=10.0,
                     idle_timeout=10.0)
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(functools.partial(
             http.serve, HANDLER, "127.0.0.1:0", name="test", limits=limits))
         port = bound[0][1]
-        pooled = await connect_from("127.0.0.2", port)  # answered once, then idle
+        pooled = await connect_from("127.0.0.2", port)  # the oldest, answered later
+        silent = [await connect_from("127.0.0.3", port)]
+        await trio.sleep(0.1)
         await pooled.send_all(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
         first = b""
         with trio.fail_after(5):
             while not first.endswith(b"GET /echo 0"):
                 first += await pooled.receive_some()
         assert first.startswith(b"HTTP/1.1 200")
-        silent = []
-        for i in range(3):
-            silent.append(await connect_from(f"127.0.0.{3 + i}", port))
+        for i in range(2):
+            silent.append(await connect_from(f"127.0.0.{4 + i}", port))
             await trio.sleep(0.1)
         newcomer = await connect_from("127.0.0.9", port)
         assert (await get_answer(newcomer, CLOSE_GET)).startswith(b"HTTP/1.1 200")
         assert await closed_without_answer(silent[0], within=2.0)
         for stream in silent[1:]:
             assert not await closed_without_answer(stream, within=0.1)
-        # The pooled connection, idle longest, outlived the never-answered one.
+        # The pooled connection, accepted first but answered since, outlived it.
         assert (await get_answer(pooled, CLOSE_GET)).startswith(b"HTTP/1.1 200")
         for stream in (pooled, *silent, newcomer):
             await stream.aclose()
