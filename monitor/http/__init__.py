@@ -6,14 +6,16 @@ enforces limits, so that nothing a client does on one connection can reach the s
 - every error of a connection (reset, broken pipe, timeout, TLS failure, garbage, a bug in a
   handler) ends that connection and is logged; only a failure of the listening socket itself
   (other than running out of fds or memory, which is waited out) stops `serve`;
-- at most `Limits.max_connections` connections are served at once (fewer when the process's
-  fd limit is low); beyond the cap nothing is accepted: further connections wait in the
-  kernel's listen backlog, so a flood holds no fd of ours and costs no CPU;
-- one client address (an IPv4 address, an IPv6 /64) holds at most `max_per_source` of
-  them: a connection beyond that is closed as soon as it is accepted, so that one attacker
-  cannot keep the probes, scrapes or reviews of others waiting in the backlog;
+- at most `Limits.max_connections` connections are held at once (fewer when the process's
+  fd limit is low), at most `max_per_source` of them from one client address (an IPv4
+  address, an IPv6 /64); at either cap the connection that has waited longest for its
+  client gives way to the newcomer (admission.py), so that no number of slow or silent
+  peers, even on the kubelet's or the API server's own address, keeps a probe or a review
+  out; only when every connection is in its handler do newcomers wait in the backlog (or,
+  at their address's cap, get closed at once);
 - a TLS handshake must complete within `handshake_timeout` (a client that never sends its
-  ClientHello holds its slot that long, not for the request timeout);
+  ClientHello holds its slot that long, not for the request timeout); TLS state is made
+  only once the client speaks, for at most `max_sessions` connections at once;
 - with `max_bodies`, at most that many requests hold a body larger than `small_body_bytes`
   (or of unknown length) in memory at once (at most half of them from one address), each
   from its head until its answer is sent, and the body must then arrive, and the answer
