@@ -12,6 +12,7 @@ from collections.abc import Callable
 import trio
 
 from monitor import log
+from monitor.http import tls
 from monitor.http.admission import Admission, BodySlots, Ticket
 from monitor.http.connection import Connection
 from monitor.http.limits import DEFAULT_LIMITS, Limits, connection_cap, per_source_cap, source_of
@@ -91,16 +92,7 @@ class _Server:
     async def accept_loop(self, listener: trio.SocketListener,
                           nursery: trio.Nursery) -> None:
         while True:
-            if self.slots.value == 0:
-                # At the cap with someone knocking: the connection that has waited
-                # longest for its client gives way (admission.py), so that the backlog
-                # drains at once and a kubelet probe or an API server's review is never
-                # kept behind slow or silent peers. When every connection is being
-                # answered, the knocking one waits in the kernel's backlog.
-                await trio.lowlevel.wait_readable(listener.socket)
-                if self.admission.make_room():
-                    self._log_at_most_every("evicted")
-            await self.slots.acquire()
+            await self._slot(listener)
             try:
                 stream = await listener.accept()
             except OSError as e:
@@ -127,6 +119,22 @@ class _Server:
                 continue
             nursery.start_soon(self.connection, stream, ticket)
 
+    async def _slot(self, listener: trio.SocketListener) -> None:
+        """A slot (an fd) for the next connection. At the cap with someone knocking, the
+        connection that has waited longest for its client gives way (admission.py), so that
+        the backlog drains at once and a kubelet probe or an API server's review is never
+        kept behind slow or silent peers. While every connection is in its handler, the
+        knocking one waits in the kernel's backlog (looked at again every CAPACITY_PAUSE)."""
+        while self.slots.value == 0:
+            await trio.lowlevel.wait_readable(listener.socket)
+            if self.admission.make_room():
+                self._log_at_most_every("evicted")
+                break  # the victim's slot, once its fd is closed
+            with trio.move_on_after(CAPACITY_PAUSE):
+                await self.slots.acquire()
+                return
+        await self.slots.acquire()
+
     def _admit(self, stream: trio.SocketStream) -> Ticket | None:
         try:
             source = source_of(stream.socket.getpeername())
@@ -146,12 +154,15 @@ class _Server:
             with ticket.scope:
                 if self.ssl_context is not None:
                     with trio.move_on_after(self.limits.handshake_timeout):
-                        # No TLS state (memory) for a client that has not spoken yet.
-                        await trio.lowlevel.wait_readable(stream.socket)
+                        # No TLS state (memory) before the whole ClientHello is here.
+                        hello = await tls.first_record(stream)
+                        if not hello:
+                            return  # closed before a byte
                         await self.admission.start_session(ticket)
-                        tls = trio.SSLStream(stream, self.ssl_context(), server_side=True)
-                        transport = tls
-                        await tls.do_handshake()
+                        secure = trio.SSLStream(tls.Replayed(stream, hello), self.ssl_context(),
+                                                server_side=True)
+                        transport = secure
+                        await secure.do_handshake()
                         handshaken = True
                     if not handshaken:
                         log.event(f"{self.name}_connection_failed", logging.DEBUG,

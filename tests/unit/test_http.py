@@ -511,33 +511,50 @@ async def test_a_silent_tls_client_is_closed_after_the_handshake_timeout(
         nursery.cancel_scope.cancel()
 
 
-async def test_tls_state_only_for_clients_that_speak_and_the_oldest_gives_way(
+def client_hello() -> bytes:
+    """A real ClientHello record, as a client's first flight."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = ssl.create_default_context().wrap_bio(incoming, outgoing,
+                                                   server_hostname="localhost")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        client.do_handshake()
+    return outgoing.read()
+
+
+async def test_tls_state_only_for_a_whole_client_hello_and_the_oldest_gives_way(
         tmp_path: Path) -> None:
-    """max_sessions=1: silent clients make no TLS state (they do not take the session), a
-    client stalled mid-ClientHello holds it only until another client speaks."""
+    """max_sessions=1: silent clients, and one stalled mid-ClientHello, make no TLS state
+    (they do not take the session); one stalled after its ClientHello holds it only until
+    another client speaks."""
     cert, key = self_signed(tmp_path)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     client_ctx = ssl.create_default_context(cafile=str(cert))
     limits = Limits(request_timeout=30.0, handshake_timeout=20.0, max_sessions=1)
+    hello = client_hello()
+    assert hello[0] == 0x16 and len(hello) == 5 + int.from_bytes(hello[3:5], "big")
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(functools.partial(
             http.serve, HANDLER, "127.0.0.1:0", name="test", limits=limits,
             ssl_context=lambda: context))
         port = bound[0][1]
         silent = [await connect_from("127.0.0.2", port) for _ in range(3)]
-        stalled = await connect_from("127.0.0.3", port)
-        await stalled.send_all(bytes.fromhex("160301"))  # half a record header
+        partial = await connect_from("127.0.0.3", port)
+        await partial.send_all(hello[:-10])  # all but the end of the record
+        stalled = await connect_from("127.0.0.4", port)
+        await stalled.send_all(hello)  # the session is its, then it says no more
         await trio.sleep(0.3)
-        for _ in range(2):  # each time, the session's holder waits for its client
+        for _ in range(2):
             stream = await trio.open_ssl_over_tcp_stream("127.0.0.1", port,
                                                          ssl_context=client_ctx)
             assert (await get_answer(stream, CLOSE_GET)).startswith(b"HTTP/1.1 200")
             await stream.aclose()
-        assert await closed_without_answer(stalled, within=2.0)
-        for stream in silent:
+        with trio.fail_after(2), contextlib.suppress(trio.BrokenResourceError):
+            while await stalled.receive_some():  # its ServerHello, then the close
+                pass
+        for stream in (*silent, partial):
             assert not await closed_without_answer(stream, within=0.1)
-        for stream in (*silent, stalled):
+        for stream in (*silent, partial, stalled):
             await stream.aclose()
         nursery.cancel_scope.cancel()
 
