@@ -418,10 +418,13 @@ def test_every_review_is_answered_while_its_own_address_holds_idle_connections(
             attacker.stop.set()
             thread.join(10)
         alive = process.alive()
+        peak = process.watch.peak() if alive else 0
     record.every(EXHAUSTION, f"webhook: {held} silent TCP clients from the API server's own "
                  f"address 127.0.0.1 (holding {holding}, {attacker.opened} opened, reopened "
                  f"as they close): reviews patched within 1 s", "answered", answers)
     record.every(EXHAUSTION, f"webhook: its liveness probe (/healthz) within 1 s among {held} "
                  "silent clients of its own address", 200, probes)
     record(EXHAUSTION, f"webhook after {held} silent clients of the API server's address",
-           "alive", "alive" if alive else "dead")
+           f"alive, peak RSS within {MEMORY_LIMIT // MiB} MiB",
+           f"alive, peak RSS {peak / MiB:.0f} MiB" if alive else "dead",
+           ok=alive and 0 < peak <= MEMORY_LIMIT)
