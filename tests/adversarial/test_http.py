@@ -287,7 +287,7 @@ def test_connection_flood_at_a_low_fd_limit(small_endpoint: Endpoint,
     record(EXHAUSTION, f"metrics endpoint: fds fhmon holds during the flood (limit "
            f"{LOW_FD_LIMIT})", "at most baseline + 32 (a quarter of the limit) + 8",
            f"baseline {baseline}, at most {most}; {attack.opened} connections opened "
-           f"(beyond the cap they wait in the listen backlog)",
+           f"(at the cap, the one that waited longest is closed for each newcomer)",
            ok=most <= baseline + LOW_FD_LIMIT // 4 + 8 and attack.opened >= FLOOD_CONNECTIONS)
     wait_for(lambda: service.fd_count() <= baseline, 10)
     record(EXHAUSTION, "metrics endpoint once the flood stops", "scrape 200, fhmon alive",
@@ -330,8 +330,8 @@ def test_probes_answer_while_another_address_holds_slow_connections(
         calls = metrics_endpoint.calls_answered()
     record.every(EXHAUSTION, f"metrics endpoint: {PROBE_ATTACK_CONNECTIONS} slowloris "
                  f"connections from another address ({attack.opened} opened, "
-                 f"{attack.dropped} closed unanswered at the per-address cap): /healthz and "
-                 f"/readyz within {PROBE_TIMEOUT:.0f} s", "200", probes)
+                 f"{attack.dropped} closed unanswered to make room at the per-address "
+                 f"cap): /healthz and /readyz within {PROBE_TIMEOUT:.0f} s", "200", probes)
     record(EXHAUSTION, "metrics endpoint: a target's calls during that attack", "answered",
            calls)
 
