@@ -1,7 +1,7 @@
 """Prometheus metrics, served from fhmon's trio nursery (no threads).
 
 prometheus-client gives the exposition format and the metric types; its own HTTP server
-runs in a thread, so fhmon serves `GET /metrics` itself, through monitor/http.py.
+runs in a thread, so fhmon serves `GET /metrics` itself, through monitor/http/.
 """
 
 from __future__ import annotations
@@ -75,6 +75,13 @@ class MetricsSource(Protocol):
 # (fhmon_registrations_created was one). Process-wide, and fhmon has one registry.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 # The buckets' "le" labels, written as prometheus-client writes them
+# The metrics address takes no body; the kubelet (an HTTP probe), Prometheus and anyone else
+# on the node's address share one client address, so a slow or silent peer there must not
+# keep them out: 512 connections (at most a quarter of the fd limit), 256 per address, and
+# at a cap the one that has waited longest for its client gives way (monitor/http/
+# admission.py). A connection costs an fd and a few KiB; a trickling one is read at most
+# every 0.25 s.
+LIMITS = http.Limits(max_connections=512, max_per_source=256)
 _LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]  # type: ignore[no-untyped-call]
 
 
@@ -210,7 +217,7 @@ async def serve_http(metrics: Metrics, address: str,
                      task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
                      ) -> None:
     """`GET /metrics`, `/healthz` and `/readyz` on `address`, through the bounded server of
-    monitor/http.py (no request body; a scrape must arrive within 5 s)."""
+    monitor/http/ (no request body; a scrape must arrive within 5 s)."""
 
     async def scrape(request: http.Request) -> http.Response:
         return http.Response(200, metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
@@ -224,4 +231,4 @@ async def serve_http(metrics: Metrics, address: str,
 
     handler = http.route({"/metrics": {"GET": scrape}, "/healthz": {"GET": healthz},
                           "/readyz": {"GET": readyz}})
-    await http.serve(handler, address, name="metrics", task_status=task_status)
+    await http.serve(handler, address, name="metrics", limits=LIMITS, task_status=task_status)

@@ -13,7 +13,7 @@ body of more JSON values than MAX_JSON_VALUES is a 400 before it is parsed (json
 costs up to ~70 bytes per value), a pod of more than MAX_CONTAINERS containers, or whose
 patch would exceed MAX_PATCH_BYTES, is allowed unchanged with a warning; reviews are
 computed one at a time (trio runs them on one thread, without awaiting) and at most
-LIMITS.max_bodies requests hold a body in memory at once (monitor/http.py).
+LIMITS.max_bodies requests hold a body in memory at once (monitor/http/).
 
 The serving certificate is re-read when its files change (a cert-manager renewal or a
 kubelet Secret-volume update swaps them), checked on every new connection by stat(): an
@@ -41,18 +41,23 @@ from monitor.kubevirt.containers import DEFAULT_SETTINGS, Settings
 # An AdmissionReview carries the whole Pod (and, for updates, the old one); the API server
 # stores objects of up to 1.5 MiB, so 4 MiB bounds every real review.
 # The API server gives the webhook timeoutSeconds (5 s, deploy/components/kubevirt-webhook):
-# a review must arrive within it, a TLS handshake within a fraction of it, and one client
-# address holds at most 16 connections (the API servers are a few addresses, an attacker's
-# pod is another): 8 addresses are needed to fill the 128. Memory, against the 128Mi limit
-# (measured: ~36 MiB idle): a connection costs ~180 KiB with its TLS state (128: 23 MiB),
-# and at most max_bodies bodies over 64 KiB, of up to 4 MiB, are read, held and answered at
-# once (each connection may hold a smaller one: 8 MiB; a virt-launcher pod's review is
-# ~10-30 KiB, so the API server's never wait behind large ones); reviews are parsed in turn
+# a review must arrive within it, a TLS handshake within a fraction of it. Anyone who reaches
+# the Service may connect, also from the API server's own address (a NAT, a node's SNAT), so
+# no number of slow or silent connections may keep the API server out (monitor/http/
+# admission.py): up to 2048 connections are held (a quarter of the fd limit, which serve()
+# raises to the hard one), half of them per client address, and at a cap the connection that
+# has waited longest for its client is closed to make room; a connection's TLS state is
+# only made once its client speaks, for at most 128 at once (the oldest waiting one gives
+# way). Memory, against the 128Mi limit (measured: ~36 MiB idle): a connection costs ~180
+# KiB with its TLS state (128: 23 MiB), a silent one a few KiB (2048: ~10 MiB), and at most
+# max_bodies bodies over 64 KiB, of up to 4 MiB, are read, held and answered at once (each
+# connection may hold a smaller one: 8 MiB; a virt-launcher pod's review is ~10-30 KiB, so
+# the API server's never wait behind large ones); reviews are parsed in turn
 # (docs/threat-model.md has the budget).
-LIMITS = http.Limits(max_connections=128, max_header_bytes=16384, max_body_bytes=4 * 2**20,
+LIMITS = http.Limits(max_connections=2048, max_header_bytes=16384, max_body_bytes=4 * 2**20,
                      request_timeout=5.0, idle_timeout=30.0, max_requests_per_connection=1000,
-                     handshake_timeout=1.0, max_per_source=16, max_bodies=4, body_timeout=2.0,
-                     small_body_bytes=64 * 1024)
+                     handshake_timeout=1.0, max_per_source=1024, max_sessions=128,
+                     max_bodies=4, body_timeout=2.0, small_body_bytes=64 * 1024)
 ADMISSION_API = "admission.k8s.io/v1"
 # Bounds on one review's cost, far above any pod the API server accepts for a VM (a
 # virt-launcher pod has a few dozen containers and a patch of a few KiB per virtiofs one).
@@ -263,5 +268,6 @@ async def serve(address: str, certificates: CertificateFiles,
                 settings: Settings = DEFAULT_SETTINGS, limits: http.Limits = LIMITS,
                 task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
                 ) -> None:
+    http.raise_fd_limit()  # a silent connection is cheap, but it is an fd
     await http.serve(make_handler(settings, certificates), address, name="webhook",
                      limits=limits, ssl_context=certificates, task_status=task_status)

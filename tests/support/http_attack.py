@@ -7,6 +7,7 @@ another address than the kubelet or the API server."""
 from __future__ import annotations
 
 import contextlib
+import resource
 import socket
 import ssl
 import threading
@@ -14,6 +15,18 @@ import time
 from dataclasses import dataclass, field
 
 from tests.support.world import ready
+
+
+def raise_nofile(need: int) -> None:
+    """Let this (test) process hold `need` fds: an attacker holding 1,000 connections needs
+    1,000 fds of its own, beyond the soft limit's usual 1,024. Only the soft limit is
+    raised, never past the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        wanted = need if hard == resource.RLIM_INFINITY else min(hard, need)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert soft == resource.RLIM_INFINITY or soft >= need, (soft, hard, need)
 
 
 def free_port() -> int:

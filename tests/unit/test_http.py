@@ -372,24 +372,123 @@ async def get_answer(stream: trio.abc.Stream, data: bytes) -> bytes:
 CLOSE_GET = b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 
 
-async def test_one_address_holds_at_most_its_share_of_the_connections() -> None:
+async def test_a_new_connection_takes_the_place_of_its_addresss_oldest_waiting_one() -> None:
+    """Issue 37.1 / 36.5: a peer that shares the kubelet's or the API server's address and
+    holds its share of slow connections once made theirs closed at once, unanswered. Now
+    the newcomer stays and the address's connection that has waited longest goes."""
     limits = Limits(max_connections=8, max_per_source=2, request_timeout=5.0)
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(functools.partial(
             http.serve, HANDLER, "127.0.0.1:0", name="test", limits=limits))
         port = bound[0][1]
         held = [await connect_from("127.0.0.2", port) for _ in range(2)]
-        extra = await connect_from("127.0.0.2", port)
-        # Beyond its share, closed at once (not after the request timeout) ...
-        assert await closed_without_answer(extra, within=2.0)
-        # ... while the held ones stay open and another address is served.
+        await trio.sleep(0.2)  # both admitted, in this order
+        await held[1].send_all(b"GET /echo HTTP/1.1\r\n")  # half a head: still waiting
+        newcomer = await connect_from("127.0.0.2", port)
+        # The oldest of the address's waiting connections is closed at once ...
+        assert await closed_without_answer(held[0], within=2.0)
+        # ... the newcomer is answered, the other held one still is, and so is another
+        # address.
+        assert (await get_answer(newcomer, CLOSE_GET)).startswith(b"HTTP/1.1 200")
+        assert (await get_answer(held[1], b"Host: x\r\nConnection: close\r\n\r\n")
+                ).startswith(b"HTTP/1.1 200")
         other = await connect_from("127.0.0.3", port)
         assert (await get_answer(other, CLOSE_GET)).startswith(b"HTTP/1.1 200")
-        assert (await get_answer(held[0], CLOSE_GET)).startswith(b"HTTP/1.1 200")
-        # A slot given back is the address's again.
-        again = await connect_from("127.0.0.2", port)
-        assert (await get_answer(again, CLOSE_GET)).startswith(b"HTTP/1.1 200")
-        for stream in (*held, extra, other, again):
+        for stream in (*held, newcomer, other):
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_connections_being_answered_never_give_way() -> None:
+    """At its address's cap with every connection's request being answered, a newcomer is
+    the one closed; at the server's cap, it waits in the backlog for a slot."""
+    release = trio.Event()
+
+    async def slow(request: Request) -> Response:
+        await release.wait()
+        return Response(200, b"slow")
+
+    handler = http.route({"/slow": {"GET": slow}, "/echo": {"GET": echo}})
+    limits = Limits(max_connections=3, max_per_source=2, request_timeout=10.0)
+    get_slow = b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, handler, "127.0.0.1:0", name="test", limits=limits))
+        port = bound[0][1]
+        busy = [await connect_from("127.0.0.2", port) for _ in range(2)]
+        for stream in busy:
+            await stream.send_all(get_slow)
+        await trio.sleep(0.3)  # both being answered
+        refused = await connect_from("127.0.0.2", port)
+        assert await closed_without_answer(refused, within=2.0)
+        third = await connect_from("127.0.0.3", port)  # the server's last slot
+        await third.send_all(get_slow)
+        await trio.sleep(0.3)
+        queued = await connect_from("127.0.0.4", port)  # every slot busy: the backlog
+        await queued.send_all(CLOSE_GET)
+        assert not await closed_without_answer(queued, within=0.5)
+        release.set()
+        for stream in (*busy, third):
+            assert (await get_answer(stream, b"")).endswith(b"slow")
+        assert (await get_answer(queued, b"")).startswith(b"HTTP/1.1 200")
+        for stream in (*busy, refused, third, queued):
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_clients_that_do_not_read_their_answers_give_way() -> None:
+    """An answer being sent waits for its client: an address whose connections all hold
+    an unread answer (larger than the socket buffers) still gets its newcomer served."""
+    async def huge(request: Request) -> Response:
+        return Response(200, b"x" * (16 * 2**20))
+
+    handler = http.route({"/huge": {"GET": huge}, "/echo": {"GET": echo}})
+    limits = Limits(max_connections=8, max_per_source=2, request_timeout=10.0)
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, handler, "127.0.0.1:0", name="test", limits=limits))
+        port = bound[0][1]
+        readers = [await connect_from("127.0.0.2", port) for _ in range(2)]
+        for stream in readers:
+            await stream.send_all(b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n")
+        await trio.sleep(0.5)  # both answers stuck in full socket buffers
+        newcomer = await connect_from("127.0.0.2", port)
+        assert (await get_answer(newcomer, CLOSE_GET)).startswith(b"HTTP/1.1 200")
+        for stream in (*readers, newcomer):
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_at_the_servers_cap_the_oldest_waiting_connection_gives_way() -> None:
+    """Many peers, one silent connection each, fill the server: the next peer is served,
+    and it is the connection that waited longest that goes (a pooled connection's wait
+    begins again with each answer)."""
+    limits = Limits(max_connections=4, max_per_source=4, request_timeout=10.0,
+                    idle_timeout=10.0)
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, HANDLER, "127.0.0.1:0", name="test", limits=limits))
+        port = bound[0][1]
+        pooled = await connect_from("127.0.0.2", port)  # the oldest, answered later
+        silent = [await connect_from("127.0.0.3", port)]
+        await trio.sleep(0.1)
+        await pooled.send_all(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        with trio.fail_after(5):
+            while not first.endswith(b"GET /echo 0"):
+                first += await pooled.receive_some()
+        assert first.startswith(b"HTTP/1.1 200")
+        for i in range(2):
+            silent.append(await connect_from(f"127.0.0.{4 + i}", port))
+            await trio.sleep(0.1)
+        newcomer = await connect_from("127.0.0.9", port)
+        assert (await get_answer(newcomer, CLOSE_GET)).startswith(b"HTTP/1.1 200")
+        assert await closed_without_answer(silent[0], within=2.0)
+        for stream in silent[1:]:
+            assert not await closed_without_answer(stream, within=0.1)
+        # The pooled connection, accepted first but answered since, outlived it.
+        assert (await get_answer(pooled, CLOSE_GET)).startswith(b"HTTP/1.1 200")
+        for stream in (pooled, *silent, newcomer):
             await stream.aclose()
         nursery.cancel_scope.cancel()
 
@@ -409,6 +508,54 @@ async def test_a_silent_tls_client_is_closed_after_the_handshake_timeout(
         assert await closed_without_answer(silent, within=10.0)
         assert trio.current_time() - started < limits.request_timeout / 2
         await silent.aclose()
+        nursery.cancel_scope.cancel()
+
+
+def client_hello() -> bytes:
+    """A real ClientHello record, as a client's first flight."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = ssl.create_default_context().wrap_bio(incoming, outgoing,
+                                                   server_hostname="localhost")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        client.do_handshake()
+    return outgoing.read()
+
+
+async def test_tls_state_only_for_a_whole_client_hello_and_the_oldest_gives_way(
+        tmp_path: Path) -> None:
+    """max_sessions=1: silent clients, and one stalled mid-ClientHello, make no TLS state
+    (they do not take the session); one stalled after its ClientHello holds it only until
+    another client speaks."""
+    cert, key = self_signed(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    limits = Limits(request_timeout=30.0, handshake_timeout=20.0, max_sessions=1)
+    hello = client_hello()
+    assert hello[0] == 0x16 and len(hello) == 5 + int.from_bytes(hello[3:5], "big")
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(functools.partial(
+            http.serve, HANDLER, "127.0.0.1:0", name="test", limits=limits,
+            ssl_context=lambda: context))
+        port = bound[0][1]
+        silent = [await connect_from("127.0.0.2", port) for _ in range(3)]
+        partial = await connect_from("127.0.0.3", port)
+        await partial.send_all(hello[:-10])  # all but the end of the record
+        stalled = await connect_from("127.0.0.4", port)
+        await stalled.send_all(hello)  # the session is its, then it says no more
+        await trio.sleep(0.3)
+        for _ in range(2):
+            stream = await trio.open_ssl_over_tcp_stream("127.0.0.1", port,
+                                                         ssl_context=client_ctx)
+            assert (await get_answer(stream, CLOSE_GET)).startswith(b"HTTP/1.1 200")
+            await stream.aclose()
+        with trio.fail_after(2), contextlib.suppress(trio.BrokenResourceError):
+            while await stalled.receive_some():  # its ServerHello, then the close
+                pass
+        for stream in (*silent, partial):
+            assert not await closed_without_answer(stream, within=0.1)
+        for stream in (*silent, partial, stalled):
+            await stream.aclose()
         nursery.cancel_scope.cancel()
 
 
