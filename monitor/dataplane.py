@@ -3,7 +3,8 @@
 One interface, two implementations, chosen by the `data_plane` config key:
 
 - `python`: monitor.plane.answer_loop.PythonAnswerLoop, one thread answering every target
-  through monitor/handlers (the readable reference);
+  through monitor/handlers (the readable reference), handing its loop to a new thread when
+  one call keeps it (SLOW_CALL);
 - `native` (the default): the Rust plane (native/src/plane.rs, monitor._native.Plane): per target,
   `data_plane_threads` native threads blocked in RECV, none holding the GIL, so that a
   target whose call blocks holds only its own threads. Calls the native code does not

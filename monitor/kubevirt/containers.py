@@ -1,6 +1,6 @@
 """What the injection adds to a virt-launcher pod: the wrapped virtiofs container (launcher
 prefix, virtiofsd's arguments, the device-plugin resource and memory overhead), the launcher
-emptyDir and the init container that fills it. Pure data builders; monitor/kubevirt/inject.py
+emptyDir and the init container that fills it. Pure data builders; monitor/kubevirt/patch.py
 decides where they go.
 """
 

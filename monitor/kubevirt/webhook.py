@@ -3,7 +3,7 @@ gives their manifests.
 
 POST /mutate takes an AdmissionReview (admission.k8s.io/v1) and answers allowed: true with,
 for a Pod that has KubeVirt virtiofs containers of PVC volumes, the JSON Patch of
-`inject.pod_patch`. It never refuses a pod: fhmon is an improvement, not a gate (a pod it
+`patch.pod_patch`. It never refuses a pod: fhmon is an improvement, not a gate (a pod it
 cannot or need not change is allowed unchanged). A review it cannot read is a 400 with a
 message; the API server then applies the webhook's failurePolicy. GET /healthz says the
 process serves; GET /readyz says a certificate is loaded and its files still load.
@@ -35,8 +35,8 @@ import trio
 
 from monitor import http, log
 from monitor.http import Request, Response
-from monitor.kubevirt import inject
 from monitor.kubevirt.containers import DEFAULT_SETTINGS, Settings
+from monitor.kubevirt.patch import plan_pod
 
 # An AdmissionReview carries the whole Pod (and, for updates, the old one); the API server
 # stores objects of up to 1.5 MiB, so 4 MiB bounds every real review.
@@ -159,7 +159,7 @@ def _bounded_patch(pod: dict[str, Any], settings: Settings) -> bytes:
                          "this webhook looks at")
     pieces: list[bytes] = []
     size = 2
-    for op in inject.plan_pod(pod, settings):
+    for op in plan_pod(pod, settings):
         piece = json.dumps(op.as_json_patch(), separators=(",", ":")).encode()
         size += len(piece) + 1
         if size > MAX_PATCH_BYTES:

@@ -49,19 +49,6 @@ LINGER = 25  # SO_LINGER seconds of the attacker's socket
 MOUNTS = 10_000  # tmpfs stacked on one directory
 SYMLINKS = 40  # the kernel follows at most 40 per lookup
 
-PYTHON_ONE_THREAD = (
-    "BUG: the python plane answers every target on its one dispatch thread: while it "
-    "performs a call that {what}, every other target's call waits (registrations and "
-    "fhmon probe are answered)")
-PYTHON_FIX = ("use the native plane (data_plane = \"native\", the default), whose threads "
-              "are per target; the python plane is the readable reference and cannot "
-              "isolate a call it performs")
-
-
-def python_xfail(what: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(reason=PYTHON_ONE_THREAD.format(what=what), strict=True)
-
-
 @pytest.fixture(scope="module")
 def services(world: World) -> Iterator[dict[str, Service]]:
     """One fhmon per data plane, started on first use."""
@@ -297,13 +284,7 @@ def test_a_target_passing_a_lingering_socket_as_mount_fd(
            ok=ok and first["errno"] == errno.ESTALE and got is not None)
 
 
-CRAWL_TITLE = "python plane: a lookup through stacked mounts freezes fhmon"
-
-
-@pytest.mark.parametrize("plane", ["native", pytest.param("python", marks=[
-    python_xfail("walks a path for seconds (40 symlinks climbing 10,000 stacked mounts in "
-                 "the target's own mount namespace)"),
-    pytest.mark.finding(CRAWL_TITLE, PYTHON_FIX)])])
+@pytest.mark.parametrize("plane", ["native", "python"])
 def test_a_lookup_crawling_through_stacked_mounts(
         plane: str, world: World, services: dict[str, Service], arena: Path,
         everyone_of: Callable[[str], Everyone], record: Recorder) -> None:

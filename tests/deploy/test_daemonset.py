@@ -344,12 +344,12 @@ def test_seccomp_profiles_are_installed(daemonset: dict[str, Any]) -> None:
     from monitor.kubevirt import seccomp
     assert seccomp.IMAGE_PROFILES == "/usr/share/fhmon/seccomp"
     # Every Localhost profile the injection can give is one that is installed.
-    from monitor.kubevirt import inject
+    from monitor.kubevirt import pods
     from monitor.kubevirt.containers import Settings
     for settings in (Settings(), Settings(runtime="cri-o")):
         for profile in ({"type": "RuntimeDefault"}, {"type": "Localhost",
-                                                      "localhostProfile": inject.KUBEVIRT_PROFILE}):
-            name = inject.replacement_profile(profile, settings)
+                                                      "localhostProfile": pods.KUBEVIRT_PROFILE}):
+            name = pods.replacement_profile(profile, settings)
             assert isinstance(name, str) and name.startswith(settings.profile_dir + "/")
             assert name.removeprefix(settings.profile_dir + "/") in seccomp.SHIPPED
 

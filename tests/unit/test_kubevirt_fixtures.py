@@ -17,6 +17,7 @@ import yaml
 from monitor.kubevirt import containers as kc
 from monitor.kubevirt import inject, webhook
 from monitor.kubevirt.containers import Settings
+from monitor.kubevirt.patch import plan_pod
 from tests.support.kubevirt import Server, apply_patch, review
 
 PODS = Path(__file__).resolve().parents[1] / "data" / "kubevirt" / "pods"
@@ -92,7 +93,7 @@ def test_inject_and_webhook_agree(name: str, style: str) -> None:
     assert got == expected
     validate(got)
     assert inject.inject(out) == out  # idempotent, text and plan
-    assert inject.plan_pod(got) == [] and webhook_patch(got) == []
+    assert plan_pod(got) == [] and webhook_patch(got) == []
     if style.startswith("JSON"):
         assert json.loads(out) == expected
         # JSON written as json.dumps writes it: the edits cannot be told from a re-dump.

@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from monitor.kubevirt import containers as kc
-from monitor.kubevirt import inject as kv
+from monitor.kubevirt import spans
 from monitor.kubevirt.containers import Settings
-from monitor.kubevirt.inject import InjectError, inject, plan_pod, pod_patch
+from monitor.kubevirt.inject import InjectError, inject
+from monitor.kubevirt.patch import plan_pod, pod_patch
 from tests.support.kubevirt import LAUNCHER_POD, apply_patch
 
 PVC_CONTAINERS = {"virtiofs-data", "virtiofs-rootdv"}
@@ -50,7 +51,7 @@ def container_lines(text: str, names: set[str]) -> set[int]:
     for item in containers.value:
         name = next(v.value for k, v in item.value if k.value == "name")
         if name in names:
-            end = kv._content_end(item)
+            end = spans.content_end(item)
             lines.update(range(item.start_mark.line, text.count("\n", 0, end) + 1))
     return lines
 

@@ -18,7 +18,8 @@ import yaml
 from hypothesis import strategies as st
 
 from monitor.kubevirt import inject, webhook
-from monitor.kubevirt.inject import VIRTIOFSD
+from monitor.kubevirt.patch import pod_patch
+from monitor.kubevirt.pods import VIRTIOFSD
 from tests.support.kubevirt import (
     LAUNCHER_POD,
     LIMITS,
@@ -40,13 +41,13 @@ async def test_mutate_gives_what_inject_gives(server: Server) -> None:
     assert response["uid"] == "abc-1" and response["allowed"] is True
     assert response["patchType"] == "JSONPatch"
     patch = json.loads(base64.b64decode(response["patch"]))
-    assert patch == inject.pod_patch(pod)
+    assert patch == pod_patch(pod)
     assert apply_patch(pod, patch) == yaml.safe_load(inject.inject(LAUNCHER_POD))
 
 
 async def test_nothing_to_do_is_allowed_without_a_patch(server: Server) -> None:
     pod = yaml.safe_load(LAUNCHER_POD)
-    injected = apply_patch(pod, inject.pod_patch(pod))
+    injected = apply_patch(pod, pod_patch(pod))
     for obj, operation in ((injected, "CREATE"), ({"kind": "Pod", "spec": {}}, "CREATE"),
                            (pod, "UPDATE"), (None, "DELETE")):
         reply = await server.call("POST", "/mutate", review(obj, operation=operation))
@@ -208,7 +209,7 @@ async def test_odd_fields_are_allowed_unchanged(server: Server, name: str) -> No
                                       "NaN", 1e308, True, {"a": 1}])
 def test_memory_quantities_no_limit_has_are_left_alone(quantity: Any) -> None:
     pod = _with(_set_limits({"memory": quantity}))
-    patched = apply_patch(pod, inject.pod_patch(pod))
+    patched = apply_patch(pod, pod_patch(pod))
     assert _virtiofs(patched)["resources"]["limits"]["memory"] == quantity
 
 
