@@ -177,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="give up after this long (default 5)")
         if name == "status":
             p.add_argument("--json", action="store_true", help="print JSON, for tools")
+        else:
+            p.add_argument("--liveness", action="store_true",
+                           help="exit 0 whenever fhmon answers, even with a key error (a "
+                           "restart cannot mend the key directory: it would stop at start-up)")
         p.set_defaults(func=func)
     return parser
 

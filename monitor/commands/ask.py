@@ -52,13 +52,20 @@ def ask_json(command: str, args: argparse.Namespace, request: Any) -> Any:
 
 
 def probe(args: argparse.Namespace) -> int:
+    """Readiness by default: fhmon answers and its key directory loaded. --liveness: it
+    answers. A refused key reload leaves the old keys serving, and a restarted fhmon would
+    exit on the same directory, so a key error must not fail a liveness probe."""
     from protocol import intake_wire
 
     health = ask_json("probe", args, intake_wire.Ping())
     if health is None:
         return 1
     print(json.dumps(health))
-    return 0 if health.get("ok") else 1
+    if not health.get("ok"):
+        print(f"fhmon probe: key error (the keys loaded before keep serving): "
+              f"{health.get('key_error')}", file=sys.stderr)
+        return 0 if getattr(args, "liveness", False) else 1
+    return 0
 
 
 def ask_status(args: argparse.Namespace) -> Any:

@@ -110,13 +110,13 @@ def check_socket(ds: dict[str, Any]) -> list[str]:
         probe = container.get(kind)
         if kind != "startupProbe" and probe is None:
             problems.append(f"{kind} missing")
-        elif probe is not None and probe.get("exec", {}).get("command") != [
-            "fhmon",
-            "probe",
-            "--socket",
-            socket,
-        ]:
-            problems.append(f"{kind} does not run `fhmon probe --socket {socket}`")
+            continue
+        # liveness must not fail on a key error: a restart would stop at start-up on
+        # the same key directory, in a loop (issue 37.3)
+        expected = ["fhmon", "probe", *(["--liveness"] if kind == "livenessProbe" else []),
+                    "--socket", socket]
+        if probe is not None and probe.get("exec", {}).get("command") != expected:
+            problems.append(f"{kind} does not run `{' '.join(expected)}`")
     return problems
 
 

@@ -69,3 +69,33 @@ def test_a_sighup_load_of_a_broken_directory_repaired_within_a_tick_is_reloaded(
     trio.run(_watch_for, loader, 1.5, clock=trio.testing.MockClock(autojump_threshold=0))
     assert loader.loads == 2
     assert loader.loaded_from == key_dir_fingerprint(str(key_dir))
+
+
+def test_a_directory_of_20000_keys_is_fingerprinted_without_a_stat_per_file(
+        tmp_path: Path) -> None:
+    """Issue 37.3: the load refuses more than MAX_KEYS key files unread, but the watcher
+    statted all 20,000 each second on the loop that runs the intake. Past the bound the
+    fingerprint is the listing's count and the directory's own stat, which still changes
+    when a key is added or removed (so the repaired directory is loaded again)."""
+    from monitor.signing import MAX_KEYS
+
+    key_dir = _key_dir(tmp_path)
+    for n in range(20_000):
+        (key_dir / f"{0x10000000 + n:08x}.key").touch()
+    before = key_dir_fingerprint(str(key_dir))
+    assert len(before) == 1 and before[0][:2] == ("too many", 20_001)
+    (key_dir / f"{0x10000000:08x}.key").unlink()
+    assert key_dir_fingerprint(str(key_dir)) != before
+    for n in range(1, 20_000 - MAX_KEYS + 1):
+        (key_dir / f"{0x10000000 + n:08x}.key").unlink()
+    within = key_dir_fingerprint(str(key_dir))
+    assert len(within) == MAX_KEYS + 1  # MAX_KEYS keys and signing-key-id, each statted
+
+
+def test_files_a_load_does_not_read_do_not_trigger_a_reload(tmp_path: Path) -> None:
+    """A writer's temporary file (`.X.key.tmp`) is not a key: no load until the rename."""
+    key_dir = _key_dir(tmp_path)
+    loader = Loader(key_dir)
+    (key_dir / ".00000002.key.tmp").write_text("11" * 32 + "\n")
+    trio.run(_watch_for, loader, 3.5, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert loader.loads == 0
