@@ -21,7 +21,8 @@ cache=$out/cache
 # What the image is; tests/deploy/test_image_recipe.py reads these lines and compares them
 # with deploy/Containerfile (its runtime stage's packages, USER, ENTRYPOINT, CMD, paths).
 SUITE=bookworm
-PACKAGES="python3 libseccomp2 ca-certificates"
+# libstdc++6: grpcio's extension links it (the Containerfile's python:slim base has it).
+PACKAGES="python3 libseccomp2 libstdc++6 ca-certificates"
 IMAGE_USER=0
 ENTRYPOINT=fhmon
 CMD="serve --config /etc/fhmon/config.toml"
@@ -49,7 +50,9 @@ mkdir -p "$cache"
 start=$(date +%s)
 
 # 1. The base layer: bookworm's Essential packages plus the runtime ones, no apt, no docs,
-# man pages or locales, no apt lists or caches. Rebuilt only when this script changes.
+# man pages or locales, no apt lists or caches; usrmerge (which the bootstrap installs to
+# merge /usr) goes again with the full perl it pulls in (45 MB; perl-base stays; forced:
+# init-system-helpers names usrmerge or usr-is-merged, and /usr is merged already). Rebuilt only when this script changes.
 base=$cache/base.tar
 if [ ! -s "$base" ] || [ "$0" -nt "$base" ]; then
     echo "build-image.sh: bootstrapping $SUITE ($PACKAGES)"
@@ -61,6 +64,8 @@ if [ ! -s "$base" ] || [ "$0" -nt "$base" ]; then
         --dpkgopt='path-include=/usr/share/doc/*/copyright' \
         --dpkgopt='path-exclude=/usr/share/locale/*' \
         --dpkgopt='path-exclude=/usr/share/info/*' \
+        --customize-hook='chroot "$1" dpkg --purge --force-depends $(chroot "$1" dpkg-query -W -f "\${Package}\n" \
+            usrmerge perl libperl5.36 perl-modules-5.36 "lib*-perl" 2>/dev/null)' \
         --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/* "$1"/var/log/*' \
         --customize-hook='find "$1"/usr -name __pycache__ -prune -exec rm -rf {} +' \
         "$SUITE" "$base.tmp"
