@@ -312,22 +312,30 @@ def probe_within(port: int, path: str, timeout: float) -> str:
     return str(status) if took <= timeout else f"{status} after {took:.1f} s"
 
 
+def probe_through_slowloris(endpoint: Endpoint, source: str, paths: tuple[str, ...],
+                            timeout: float) -> tuple[Attacker, list[str], str]:
+    """Probe `paths` every 0.2 s for 8 s (past the 5 s request timeout) while
+    PROBE_ATTACK_CONNECTIONS slowloris connections from `source` come and go; the attack,
+    each probe's outcome and whether the target's calls were answered meanwhile."""
+    probes: list[str] = []
+    with attacking(Attacker(endpoint.port, PROBE_ATTACK_CONNECTIONS, trickle=True,
+                            source=source)) as attack:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            probes.extend(probe_within(endpoint.port, path, timeout) for path in paths)
+            time.sleep(0.2)
+        calls = endpoint.calls_answered()
+    return attack, probes, calls
+
+
 def test_probes_answer_while_another_address_holds_slow_connections(
         metrics_endpoint: Endpoint, record: Recorder) -> None:
     """R7 (docs/threat-model.md): 600 slowloris connections to the metrics port once left
     /healthz unanswered for 5 s, long enough for a kubelet HTTP liveness probe to restart
     fhmon. The attacker's pod has another address than the kubelet: it holds its share of
     the slots."""
-    port = metrics_endpoint.port
-    probes: list[str] = []
-    with attacking(Attacker(port, PROBE_ATTACK_CONNECTIONS, trickle=True,
-                            source="127.0.0.2")) as attack:
-        deadline = time.monotonic() + 8  # past the 5 s request timeout
-        while time.monotonic() < deadline:
-            probes.append(probe_within(port, "/healthz", PROBE_TIMEOUT))
-            probes.append(probe_within(port, "/readyz", PROBE_TIMEOUT))
-            time.sleep(0.2)
-        calls = metrics_endpoint.calls_answered()
+    attack, probes, calls = probe_through_slowloris(
+        metrics_endpoint, "127.0.0.2", ("/healthz", "/readyz"), PROBE_TIMEOUT)
     record.every(EXHAUSTION, f"metrics endpoint: {PROBE_ATTACK_CONNECTIONS} slowloris "
                  f"connections from another address ({attack.opened} opened, "
                  f"{attack.dropped} closed unanswered to make room at the per-address "
@@ -346,15 +354,8 @@ def test_healthz_answers_within_a_second_while_its_own_address_holds_slow_connec
     answer (the address was at its cap): a kubelet HTTP liveness probe then restarts fhmon
     again and again. Every probe must be answered within the kubelet's default 1 s."""
     raise_nofile(PROBE_ATTACK_CONNECTIONS + 1024)
-    port = metrics_endpoint.port
-    probes: list[str] = []
-    with attacking(Attacker(port, PROBE_ATTACK_CONNECTIONS, trickle=True,
-                            source="127.0.0.1")) as attack:
-        deadline = time.monotonic() + 8  # past the 5 s request timeout
-        while time.monotonic() < deadline:
-            probes.append(probe_within(port, "/healthz", KUBELET_PROBE_TIMEOUT))
-            time.sleep(0.2)
-        calls = metrics_endpoint.calls_answered()
+    attack, probes, calls = probe_through_slowloris(
+        metrics_endpoint, "127.0.0.1", ("/healthz",), KUBELET_PROBE_TIMEOUT)
     record.every(EXHAUSTION, f"metrics endpoint: {PROBE_ATTACK_CONNECTIONS} slowloris "
                  f"connections from the probe's own address 127.0.0.1 ({attack.opened} "
                  f"opened, {attack.dropped} closed unanswered): /healthz within "
