@@ -11,6 +11,8 @@ intake noise at a time from this process's threads:
              reading the PONGs
   status     N connections asking STATUS back to back
   slow       N connections that dribble a HELLO one byte every 5 ms (slow loris)
+  oci        N connections that each send 60 KB of an OCI state message that never ends
+             (inside a string), then a byte every ms (issue 37.2)
 
 For each kind: the victim's p50 and p99 (median over the repetitions) and the median of
 each repetition's p99 ratio to the alone run next to it. Measurements, not assertions
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import socket
 import statistics
@@ -32,11 +35,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.procs import Monitor, Pool, run_once
+from bench.procs import FHMON, Monitor, Pool, run_once
 from bench.run import make_base, remove_base
 from protocol import intake_wire
 
-KINDS = ("alone", "pipelined", "status", "slow")
+KINDS = ("alone", "pipelined", "status", "slow", "oci")
 
 
 def _pipelined(path: str, stop: threading.Event) -> None:
@@ -86,8 +89,21 @@ def _slow(path: str, stop: threading.Event) -> None:
                     break
 
 
+def _oci(path: str, stop: threading.Event) -> None:
+    head = b'{"ociVersion":"1.0.2","fds":["seccompFd"],"pid":1,"metadata":"'
+    while not stop.is_set():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(path)
+            try:
+                sock.sendall(head + b"a" * (60_000 - len(head)))
+                while not stop.wait(0.001):  # never complete: fhmon ends it, then again
+                    sock.send(b"a")
+            except OSError:
+                continue
+
+
 NOISE: dict[str, Callable[[str, threading.Event], None]] = {
-    "pipelined": _pipelined, "status": _status, "slow": _slow}
+    "pipelined": _pipelined, "status": _status, "slow": _slow, "oci": _oci}
 
 
 def _guarded(work: Callable[[str, threading.Event], None], path: str,
@@ -140,41 +156,59 @@ def _noise_main(kind: str, path: str, clients: int) -> int:
     return 0
 
 
-def measure(reps: int, calls: int, clients: int, settings: dict[str, str],
-            as_uid: int | None = None) -> dict[str, object]:
+def measure(reps: int, calls: int, clients: dict[str, int], settings: dict[str, str],
+            as_uid: int | None = None, builds: dict[str, str] | None = None,
+            kinds: tuple[str, ...] = KINDS) -> dict[str, object]:
+    """`builds`: name -> fhmon executable, each its own monitor and victim, measured in
+    the same repetitions (before and after a change, interleaved)."""
+    builds = builds or {"this": FHMON}
+    kinds = ("alone", *(k for k in kinds if k != "alone"))
     base = make_base()
     if as_uid is not None:
         settings = {**settings, "socket_mode": '"0660"', "socket_group": str(as_uid)}
-    monitor = Monitor(base, "intake", settings, base / "share")
-    pool = Pool(base, monitor, timeout=120)
-    results: dict[str, list[dict[str, float]]] = {k: [] for k in KINDS}
+    monitors: dict[str, Monitor] = {}
+    pools: dict[str, Pool] = {}
+    results: dict[str, dict[str, list[dict[str, float]]]] = {
+        b: {k: [] for k in kinds} for b in builds}
     try:
-        victim = pool.ensure(1)
-        run_once(victim, monitor, "n2h", 1, 2000, pinned=False)  # warm up
+        for name, executable in builds.items():
+            monitors[name] = Monitor(base, f"intake-{name}", settings, base / "share",
+                                     executable=executable)
+            pools[name] = Pool(base, monitors[name], timeout=120)
+            run_once(pools[name].ensure(1), monitors[name], "n2h", 1, 2000, pinned=False)
         for _ in range(reps):
-            for kind in KINDS:
-                noise = Noise(kind, monitor.socket, clients, as_uid)
-                time.sleep(0.3 if kind != "alone" else 0)
-                try:
-                    run = run_once(victim, monitor, "n2h", 1, calls, pinned=False)
-                finally:
-                    noise.end()
-                if run["errors"]:
-                    raise RuntimeError(f"victim calls failed under {kind}: {run['errors']}")
-                results[kind].append({"p50": run["p50_us"], "p99": run["p99_us"]})
+            for kind in kinds:
+                for name, monitor in monitors.items():
+                    noise = Noise(kind, monitor.socket, clients.get(kind, 16), as_uid)
+                    time.sleep(0.3 if kind != "alone" else 0)
+                    try:
+                        run = run_once(pools[name].ensure(1), monitor, "n2h", 1, calls,
+                                       pinned=False)
+                    finally:
+                        noise.end()
+                    if run["errors"]:
+                        raise RuntimeError(f"victim calls failed under {kind} ({name}): "
+                                           f"{run['errors']}")
+                    results[name][kind].append({"p50": run["p50_us"], "p99": run["p99_us"]})
         report: dict[str, object] = {"settings": settings, "reps": reps, "calls": calls,
-                                     "clients": clients, "noise_uid": as_uid or 0}
-        alone = results["alone"]
-        for kind in KINDS:
-            runs = results[kind]
-            ratios = [r["p99"] / a["p99"] for r, a in zip(runs, alone, strict=True)]
-            report[kind] = {"p50_us": round(statistics.median(r["p50"] for r in runs), 1),
-                            "p99_us": round(statistics.median(r["p99"] for r in runs), 1),
-                            "p99_ratio": round(statistics.median(ratios), 2)}
+                                     "clients": {k: clients.get(k, 16) for k in kinds[1:]},
+                                     "noise_uid": as_uid or 0, "load": os.getloadavg()}
+        for name in builds:
+            alone = results[name]["alone"]
+            rows: dict[str, object] = {}
+            for kind in kinds:
+                runs = results[name][kind]
+                ratios = [r["p99"] / a["p99"] for r, a in zip(runs, alone, strict=True)]
+                rows[kind] = {"p50_us": round(statistics.median(r["p50"] for r in runs), 1),
+                              "p99_us": round(statistics.median(r["p99"] for r in runs), 1),
+                              "p99_ratio": round(statistics.median(ratios), 2)}
+            report[name] = rows
         return report
     finally:
-        pool.stop()
-        monitor.stop()
+        for pool in pools.values():
+            pool.stop()
+        for monitor in monitors.values():
+            monitor.stop()
         remove_base(base)
 
 
@@ -183,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--kind-clients", action="append", default=[], metavar="KIND=N",
+                        help="clients of one kind (default --clients), repeatable")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds")
+    parser.add_argument("--build", action="append", default=[], metavar="NAME=FHMON",
+                        help="compare builds: each NAME served by the fhmon executable "
+                             "FHMON, interleaved (default: this checkout's)")
     parser.add_argument("--variant", action="append", default=[],
                         help="a config line KEY=VALUE (TOML value), repeatable")
     parser.add_argument("--as-uid", type=int, default=None,
@@ -193,8 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.noise:
         return _noise_main(args.noise, args.socket, args.clients)
     settings = dict(v.split("=", 1) for v in args.variant)
-    print(json.dumps(measure(args.reps, args.calls, args.clients, settings, args.as_uid),
-                     indent=2))
+    clients = {k: args.clients for k in KINDS}
+    clients.update({k: int(n) for k, n in (kc.split("=", 1) for kc in args.kind_clients)})
+    builds = dict(b.split("=", 1) for b in args.build) or None
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    if unknown := set(kinds) - set(KINDS):
+        raise SystemExit(f"--kinds: unknown {sorted(unknown)}")
+    print(json.dumps(measure(args.reps, args.calls, clients, settings, args.as_uid, builds,
+                             kinds), indent=2))
     return 0
 
 

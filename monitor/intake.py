@@ -70,7 +70,8 @@ class IntakePace:
     def __init__(self) -> None:
         self._theoretical_arrival: dict[int, float] = {}
 
-    async def take(self, uid: int) -> None:
+    async def take(self, uid: int, tokens: int = 1) -> None:
+        """Wait until `uid` may do `tokens` units of intake work."""
         rate, burst = (self.ROOT_RATE, self.ROOT_BURST) if uid == 0 else (self.RATE, self.BURST)
         now = trio.current_time()
         arrivals = self._theoretical_arrival
@@ -78,8 +79,8 @@ class IntakePace:
             for stale in [u for u, t in arrivals.items() if t < now]:
                 del arrivals[stale]
         due = max(arrivals.get(uid, now), now)
-        arrivals[uid] = due + 1.0 / rate
-        wait = due - burst / rate - now
+        arrivals[uid] = due + tokens / rate
+        wait = due + (tokens - 1 - burst) / rate - now
         if wait > 0:
             await trio.sleep(wait)
 
@@ -92,10 +93,16 @@ class Admission:
     starves neither root's registrations nor the health probe. Registered connections (a
     launcher's, kept for the target's life) are bounded by max_targets instead."""
 
+    # bytes of unfinished OCI state messages one uid may have fhmon hold, all its
+    # connections together: a whole message arrives in one write (runc, crun), so a few
+    # at once are plenty; root (the runtimes) registers whole fleets after a restart
+    PARTIAL_BYTES, ROOT_PARTIAL_BYTES = 4 * oci.MAX_STATE_SIZE, 64 * oci.MAX_STATE_SIZE
+
     def __init__(self, config: Config) -> None:
         self._config = config
         self._others = 0  # pending connections of every uid but root
         self._pending: dict[int, int] = {}  # uid -> pending connections
+        self._partial: dict[int, int] = {}  # uid -> bytes of unfinished state messages
 
     def admit(self, uid: int) -> str | None:
         """Count a new connection of `uid` as pending, or say why not."""
@@ -118,6 +125,25 @@ class Admission:
             del self._pending[uid]
         if uid != 0:
             self._others -= 1
+
+    def hold(self, uid: int, size: int) -> str | None:
+        """Count `size` more bytes of an unfinished state message of `uid`, or say why
+        not (the connection is then refused: its bytes are dropped with it)."""
+        held = self._partial.get(uid, 0) + size
+        cap = self.ROOT_PARTIAL_BYTES if uid == 0 else self.PARTIAL_BYTES
+        if held > cap:
+            return (f"uid {uid} would hold more than {cap} bytes of unfinished OCI state "
+                    f"messages")
+        self._partial[uid] = held
+        return None
+
+    def release(self, uid: int, size: int) -> None:
+        """`size` bytes counted by hold are no longer held."""
+        held = self._partial.get(uid, 0) - size
+        if held > 0:
+            self._partial[uid] = held
+        else:
+            self._partial.pop(uid, None)
 
     def full(self) -> bool:
         """True while a new registration would be turned away for want of a pending slot:
@@ -185,7 +211,7 @@ class Intake:
                 if intake_wire.looks_native(data):
                     await self._converse(conn, peer, data, fds, nursery, scope, settle)
                 else:
-                    registration = await _read_oci(conn, data, fds)
+                    registration = await self._read_oci(conn, peer, data, fds)
                     if registration is not None:
                         state, fds = registration
                         with peer_pidfd(conn) as client:
@@ -247,6 +273,42 @@ class Intake:
                 data = await recv_plain(conn)
             if not data:
                 return
+
+    async def _read_oci(self, conn: trio.socket.SocketType, peer: PeerCred, data: bytes,
+                        fds: list[int]) -> tuple[oci.ContainerProcessState, list[int]] | None:
+        """The runtime's state message, from its first chunk `data` on. Every further read
+        and every parse is paid from the client uid's pace, and the bytes held until the
+        message is whole count against the uid's share (Admission.hold)."""
+        reader = oci.StateReader()
+        held = 0
+        try:
+            while True:
+                try:
+                    refusal = self.admission.hold(peer.uid, len(data))
+                    if refusal is not None:
+                        raise oci.OciStateError(refusal)
+                    held += len(data)
+                    cost = reader.add(data)
+                    if cost:
+                        await self._pace.take(peer.uid, cost)
+                        state = reader.parse()
+                        if state is not None:
+                            return state, fds
+                except oci.OciStateError as exc:
+                    log.audit("registration_refused", reason=str(exc), convention="oci")
+                    return None
+                await self._pace.take(peer.uid)
+                data, fds = await recv_with_fds(conn, fds)
+                if len(fds) > MAX_FDS_PER_MESSAGE:
+                    log.audit("registration_refused", reason=f"more than {MAX_FDS_PER_MESSAGE} "
+                              f"fds with one state message", convention="oci")
+                    return None
+                if not data:
+                    log.audit("registration_refused", reason=str(reader.finish()),
+                              convention="oci")
+                    return None
+        finally:
+            self.admission.release(peer.uid, held)
 
     def _perform(self, step: Step, message: intake_wire.Message, fds: list[int], peer: PeerCred,
                  nursery: trio.Nursery,
@@ -323,27 +385,3 @@ async def recv_plain(conn: trio.socket.SocketType) -> bytes:
     for fd in fds:
         close_quietly(fd)
     return bytes(data)
-
-
-async def _read_oci(conn: trio.socket.SocketType, data: bytes,
-                    fds: list[int]) -> tuple[oci.ContainerProcessState, list[int]] | None:
-    buffer = bytes(data)
-    while True:
-        try:
-            state = oci.try_parse(buffer)
-        except oci.OciStateError as exc:
-            log.audit("registration_refused", reason=str(exc), convention="oci")
-            return None
-        if state is not None:
-            return state, fds
-        more, fds = await recv_with_fds(conn, fds)
-        if len(fds) > MAX_FDS_PER_MESSAGE:
-            log.audit("registration_refused", reason=f"more than {MAX_FDS_PER_MESSAGE} fds "
-                      f"with one state message", convention="oci")
-            return None
-        if not more:
-            log.audit("registration_refused", reason="connection closed before a whole "
-                      "state message arrived", convention="oci")
-            return None
-        buffer += more
-

@@ -41,6 +41,13 @@ def _oci(data: bytes) -> None:
             oci.share_from_metadata(state.metadata)
     except oci.OciStateError:
         pass
+    reader = oci.StateReader()  # the intake's incremental reader, in chunks of 5
+    with contextlib.suppress(oci.OciStateError):
+        for start in range(0, len(data), 5):
+            if reader.feed(data[start:start + 5]) is not None:
+                break
+        else:
+            reader.finish()
 
 
 def _metadata(data: bytes) -> None:

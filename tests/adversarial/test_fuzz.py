@@ -100,24 +100,50 @@ def oci_like() -> st.SearchStrategy[bytes]:
                      states.flatmap(lambda s: st.integers(0, len(s)).map(lambda i: s[:i])))
 
 
+def _read_in_chunks(data: bytes, chunk: int) -> oci.ContainerProcessState | None:
+    reader = oci.StateReader()
+    try:
+        for start in range(0, len(data), chunk):
+            if (state := reader.feed(data[start:start + chunk])) is not None:
+                return state
+    except oci.OciStateError:
+        return None
+    return None
+
+
+def _every_prefix(data: bytes, chunk: int) -> oci.ContainerProcessState | None:
+    try:
+        for end in range(chunk, len(data) + chunk, chunk):
+            if (state := oci.try_parse(data[:end])) is not None:
+                return state
+    except oci.OciStateError:
+        return None
+    return None
+
+
 def test_oci_state_parser(record: Recorder) -> None:
     seen = [0]
 
     @budget(600)
-    @given(data=oci_like())
-    def prop(data: bytes) -> None:
+    @given(data=oci_like(), chunk=st.integers(1, 64))
+    def prop(data: bytes, chunk: int) -> None:
         seen[0] += 1
         try:
             state = oci.try_parse(data)
         except oci.OciStateError:
-            return
+            state = None
+        # the intake's StateReader, fed in chunks, accepts exactly the state that parsing
+        # every prefix at the same chunk boundaries (the intake before issue 37.2) accepts,
+        # and refuses (for whichever reason it sees first) what that refuses
+        assert _read_in_chunks(data, chunk) == _every_prefix(data, chunk)
         if state is not None:
             assert state.pid > 0 and state.fds.count(oci.SECCOMP_FD_NAME) == 1
             assert isinstance(state.metadata, str)
 
     run_property(record, "OCI ContainerProcessState: random bytes, random JSON objects with "
-                 "the state's keys, truncations, 5,000-deep nesting", "a valid state, None "
-                 "(incomplete), or OciStateError", prop, seen)
+                 "the state's keys, truncations, 5,000-deep nesting; also fed in chunks to "
+                 "the intake's StateReader", "a valid state, None (incomplete), or "
+                 "OciStateError; the chunked reader ends as the whole parse does", prop, seen)
 
 
 def test_oci_metadata_parser(record: Recorder) -> None:

@@ -233,3 +233,67 @@ def test_a_pipelining_client_is_answered_and_so_is_everyone_else(
                     flood.kill()
                     flood.wait()
             victim.close()
+
+
+# Opens N connections, sends each 60 KB of an OCI state message that never ends (inside a
+# string), then reports how many fhmon kept open after a moment (like HOLDER).
+PARTIAL_HOLDER = r"""
+import json, socket, sys, time
+path, n = sys.argv[1], int(sys.argv[2])
+head = b'{"ociVersion":"1.0.2","fds":["seccompFd"],"pid":1,"metadata":"'
+conns = []
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        s.sendall(head + b"a" * (60000 - len(head)))
+    except OSError:
+        continue
+    conns.append(s)
+    time.sleep(0.05)
+time.sleep(1.0)
+held = 0
+for s in conns:
+    try:
+        held += s.recv(1, socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        held += 1
+    except OSError:
+        pass
+print(json.dumps({"held": held, "tried": n}), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_one_uid_cannot_make_fhmon_hold_more_than_its_share_of_unfinished_state_messages(
+        world: World, record: Recorder) -> None:
+    """Issue 37.2: 100 connections each sending 60 KB of an unfinished OCI state, then a
+    byte a ms, raised a neighbour's p99 5x; fhmon held 6 MB of that uid's bytes and parsed
+    each connection's whole buffer again on every byte. Now a uid's unfinished messages
+    share 256 KiB (4 of 60 KB): the connection that would hold more is refused at once."""
+    from monitor.intake import Admission
+
+    with grouped_fhmon(world, "fair-partial", "") as service:
+        victim = Agent(world, "fhmon", world.main, service.socket)
+        holder = subprocess.Popen([SYSTEM_PYTHON, "-c", PARTIAL_HOLDER, service.socket, "10"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  **run_as_nobody())
+        try:
+            assert holder.stdout is not None
+            held = int(json.loads(holder.stdout.readline())["held"])
+            answered = sum(victim.call("n2h", path="file", answer_within=10)["errno"] == 0
+                           for _ in range(50))
+            probed = probe_ok(service)
+            share = Admission.PARTIAL_BYTES // 60000
+            record(REGISTRATION, "uid 65534 opens 10 connections, each sending 60 KB of an "
+                   "OCI state message that never ends (registration_timeout 60 s)",
+                   f"fhmon holds {share} of them (256 KiB), refuses the others at once; a "
+                   "neighbour's calls and the probe are answered",
+                   f"held {held} of 10; {answered}/50 answered; probe "
+                   f"{'ok' if probed else 'REFUSED'}",
+                   ok=held == share and answered == 50 and probed)
+        finally:
+            if holder.stdin is not None:
+                holder.stdin.close()
+            holder.wait(timeout=10)
+            victim.close()

@@ -469,3 +469,90 @@ def test_mutated_states_only_raise_oci_state_error(
         raw[pos] = data.draw(st.integers(0, 255))
     _check_only_oci_errors(bytes(raw))
     _check_only_oci_errors(bytes(raw[: data.draw(st.integers(0, len(raw)))]))
+
+
+# --- StateReader: the intake's incremental reader --------------------------------------
+
+def _outcome(parse: Any) -> object:
+    try:
+        return parse()
+    except oci.OciStateError as exc:
+        return ("error", str(exc))
+
+
+def _read(chunks: list[bytes]) -> object:
+    """What the reader gives for `chunks` of one connection that then ends."""
+    reader = oci.StateReader()
+    for chunk in chunks:
+        try:
+            state = reader.feed(chunk)
+        except oci.OciStateError as exc:
+            return ("error", str(exc))
+        if state is not None:
+            return state
+    return ("error", str(reader.finish()))
+
+
+def _whole(raw: bytes) -> object:
+    """What try_parse gives for the whole message (None: cut short)."""
+    state = _outcome(lambda: oci.try_parse(raw))
+    return ("error", "connection closed before a whole state message arrived") \
+        if state is None else state
+
+
+SAMPLES = [RUNC, CRUN, _crun(4), RUNC + b"\n", b"  " + CRUN, RUNC[:-1], RUNC + b"x",
+           b"[1]", b'{"a": nul', _with(pid=-1), _with(fds=[]), b'{"x":"\\u12',
+           _dump({**_state_dict(), "annotations": {"j": '{"nested": "}"}'}})]
+
+
+@FEWER
+@given(st.sampled_from(SAMPLES), st.lists(st.integers(0, 1 << 16), max_size=6))
+def test_reader_in_any_chunks_answers_as_the_whole_message(raw: bytes, cuts: list[int]) -> None:
+    points = sorted({c % (len(raw) + 1) for c in cuts} - {0})
+    chunks = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
+    assert _read([c for c in chunks if c]) == _whole(raw)
+
+
+@pytest.mark.parametrize("raw", [RUNC, CRUN])
+def test_reader_answers_on_the_chunk_that_completes_the_message(raw: bytes) -> None:
+    reader = oci.StateReader()
+    assert reader.feed(raw[:-7]) is None
+    assert reader.feed(raw[-7:]) == oci.try_parse(raw)
+
+
+def test_a_byte_at_a_time_after_60kb_costs_no_parse_until_it_can_end() -> None:
+    """Found (issue 37.2): every byte re-parsed the whole buffer. Now 4,000 bytes after a
+    60 KB first chunk cost no parse unless the buffer ends in `}` or has doubled."""
+    head = b'{"ociVersion":"1.0.2","fds":["seccompFd"],"pid":1,"metadata":"'
+    reader = oci.StateReader()
+    assert reader.add(head + b"a" * 60_000) > 0  # the first chunk is parsed
+    assert reader.parse() is None
+    assert [reader.add(b"a") for _ in range(4000)] == [0] * 4000
+    assert reader.parses == 1
+    cost = reader.add(b'"}')  # may be whole now: a parse, priced by its size
+    assert cost == 1 + len(reader) // oci.StateReader.PARSE_UNIT
+    state = reader.parse()
+    assert state is not None and state.metadata == "a" * (60_000 + 4000)
+
+
+def test_a_malformed_message_is_refused_once_its_buffer_doubles() -> None:
+    reader = oci.StateReader()
+    assert reader.feed(b'{"ociVersion": "1.0.2", "x": "' + b"a" * 100) is None
+    reader.feed(b'", "y": bad ')  # not yet parsed: no `}`, not doubled
+    with pytest.raises(oci.OciStateError, match="not valid JSON"):
+        reader.feed(b" " * 200)
+
+
+def test_reader_refuses_past_the_size_limit() -> None:
+    reader = oci.StateReader()
+    reader.add(b"{" + b" " * (oci.MAX_STATE_SIZE - 1))
+    with pytest.raises(oci.OciStateError, match="exceeds"):
+        reader.add(b" ")
+
+
+def test_finish_names_the_messages_own_error() -> None:
+    reader = oci.StateReader()
+    reader.add(b'{"ociVersion": "1.0.2", "fds": "x", ')  # not parsed after the first chunk
+    reader.parse()
+    reader.add(b"a" * 10)
+    assert "not valid JSON" in str(reader.finish())
