@@ -14,6 +14,12 @@ intake noise at a time from this process's threads:
   oci        N connections that each send 60 KB of an OCI state message that never ends
              (inside a string), then a byte every ms (issue 37.2)
 
+--sink adds a noise floor for the kinds that only write (slow, oci): the same noise sent
+to a socket that reads and discards every byte (one selector loop in its own process, the
+noise's uid may connect), while the victim is served by the first build as before. What
+the victim loses beside the sink is the noise generator's own CPU and the machine's, not
+fhmon's work: on 2 cores, 100 oci clients already cost it ~19x (2026-12-06).
+
 For each kind: the victim's p50 and p99 (median over the repetitions) and the median of
 each repetition's p99 ratio to the alone run next to it. Measurements, not assertions
 (tests only assert that calls are answered). The noise runs as root, or with --as-uid U
@@ -145,6 +151,59 @@ class Noise:
             self.proc.wait(10)
 
 
+WRITE_ONLY = ("slow", "oci")  # kinds whose clients never wait for an answer
+
+_SINK = """
+import os, selectors, socket, sys
+path, uid = sys.argv[1], int(sys.argv[2])
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(path)
+if uid:
+    os.chown(path, uid, uid)
+server.listen(4096)
+server.setblocking(False)
+sel = selectors.DefaultSelector()
+sel.register(server, selectors.EVENT_READ)
+while True:
+    for key, _ in sel.select():
+        if key.fileobj is server:
+            try:
+                conn, _ = server.accept()
+            except BlockingIOError:
+                continue
+            conn.setblocking(False)
+            sel.register(conn, selectors.EVENT_READ)
+        else:
+            try:
+                data = key.fileobj.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+"""
+
+
+class Sink:
+    """A unix socket that reads and discards whatever is written to it, in its own
+    process: the noise floor (the noise's cost without fhmon behind the socket)."""
+
+    def __init__(self, path: Path, uid: int | None) -> None:
+        self.path = str(path)
+        self.proc = subprocess.Popen([sys.executable, "-c", _SINK, self.path, str(uid or 0)])
+        deadline = time.monotonic() + 10
+        while not path.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the sink did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
 def _noise_main(kind: str, path: str, clients: int) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -158,9 +217,11 @@ def _noise_main(kind: str, path: str, clients: int) -> int:
 
 def measure(reps: int, calls: int, clients: dict[str, int], settings: dict[str, str],
             as_uid: int | None = None, builds: dict[str, str] | None = None,
-            kinds: tuple[str, ...] = KINDS) -> dict[str, object]:
+            kinds: tuple[str, ...] = KINDS, sink: bool = False) -> dict[str, object]:
     """`builds`: name -> fhmon executable, each its own monitor and victim, measured in
-    the same repetitions (before and after a change, interleaved)."""
+    the same repetitions (before and after a change, interleaved). `sink`: also a "sink"
+    row, the write-only kinds' noise sent to a discard socket, the victim on the first
+    build."""
     builds = builds or {"this": FHMON}
     kinds = ("alone", *(k for k in kinds if k != "alone"))
     base = make_base()
@@ -170,7 +231,13 @@ def measure(reps: int, calls: int, clients: dict[str, int], settings: dict[str, 
     pools: dict[str, Pool] = {}
     results: dict[str, dict[str, list[dict[str, float]]]] = {
         b: {k: [] for k in kinds} for b in builds}
+    sunk = tuple(k for k in kinds if sink and k in WRITE_ONLY)
+    if sunk:
+        results["sink"] = {k: [] for k in ("alone", *sunk)}
+    discard: Sink | None = None
     try:
+        if sunk:
+            discard = Sink(base / "sink.sock", as_uid)
         for name, executable in builds.items():
             monitors[name] = Monitor(base, f"intake-{name}", settings, base / "share",
                                      executable=executable)
@@ -190,13 +257,25 @@ def measure(reps: int, calls: int, clients: dict[str, int], settings: dict[str, 
                         raise RuntimeError(f"victim calls failed under {kind} ({name}): "
                                            f"{run['errors']}")
                     results[name][kind].append({"p50": run["p50_us"], "p99": run["p99_us"]})
+                if kind == "alone" and sunk:
+                    results["sink"]["alone"].append(results[next(iter(builds))]["alone"][-1])
+                if kind in sunk and discard is not None:
+                    first = next(iter(builds))
+                    noise = Noise(kind, discard.path, clients.get(kind, 16), as_uid)
+                    time.sleep(0.3)
+                    try:
+                        run = run_once(pools[first].ensure(1), monitors[first], "n2h", 1,
+                                       calls, pinned=False)
+                    finally:
+                        noise.end()
+                    results["sink"][kind].append({"p50": run["p50_us"], "p99": run["p99_us"]})
         report: dict[str, object] = {"settings": settings, "reps": reps, "calls": calls,
                                      "clients": {k: clients.get(k, 16) for k in kinds[1:]},
                                      "noise_uid": as_uid or 0, "load": os.getloadavg()}
-        for name in builds:
+        for name in (*builds, *(["sink"] if sunk else [])):
             alone = results[name]["alone"]
             rows: dict[str, object] = {}
-            for kind in kinds:
+            for kind in results[name]:
                 runs = results[name][kind]
                 ratios = [r["p99"] / a["p99"] for r, a in zip(runs, alone, strict=True)]
                 rows[kind] = {"p50_us": round(statistics.median(r["p50"] for r in runs), 1),
@@ -205,6 +284,8 @@ def measure(reps: int, calls: int, clients: dict[str, int], settings: dict[str, 
             report[name] = rows
         return report
     finally:
+        if discard is not None:
+            discard.stop()
         for pool in pools.values():
             pool.stop()
         for monitor in monitors.values():
@@ -227,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a config line KEY=VALUE (TOML value), repeatable")
     parser.add_argument("--as-uid", type=int, default=None,
                         help="make the noise as this uid (fhmon opens its socket to it)")
+    parser.add_argument("--sink", action="store_true",
+                        help="add the noise floor: the write-only kinds (slow, oci) sent to "
+                             "a discard socket instead of fhmon")
     parser.add_argument("--noise", choices=sorted(NOISE), help=argparse.SUPPRESS)
     parser.add_argument("--socket", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -240,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(kinds) - set(KINDS):
         raise SystemExit(f"--kinds: unknown {sorted(unknown)}")
     print(json.dumps(measure(args.reps, args.calls, clients, settings, args.as_uid, builds,
-                             kinds), indent=2))
+                             kinds, args.sink), indent=2))
     return 0
 
 
