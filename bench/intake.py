@@ -231,10 +231,25 @@ def measure(reps: int, calls: int, clients: dict[str, int], settings: dict[str, 
     pools: dict[str, Pool] = {}
     results: dict[str, dict[str, list[dict[str, float]]]] = {
         b: {k: [] for k in kinds} for b in builds}
+    first = next(iter(builds))  # the build whose victim is measured beside the sink
     sunk = tuple(k for k in kinds if sink and k in WRITE_ONLY)
     if sunk:
-        results["sink"] = {k: [] for k in ("alone", *sunk)}
+        results["sink"] = {k: [] for k in sunk}
     discard: Sink | None = None
+
+    def victim_run(kind: str, name: str, noise_path: str) -> dict[str, float]:
+        """The victim's n2h p50 and p99 on build `name` while `kind` noise hits noise_path."""
+        noise = Noise(kind, noise_path, clients.get(kind, 16), as_uid)
+        time.sleep(0.3 if kind != "alone" else 0)
+        try:
+            run = run_once(pools[name].ensure(1), monitors[name], "n2h", 1, calls,
+                           pinned=False)
+        finally:
+            noise.end()
+        if run["errors"]:
+            raise RuntimeError(f"victim calls failed under {kind} ({name}): {run['errors']}")
+        return {"p50": run["p50_us"], "p99": run["p99_us"]}
+
     try:
         if sunk:
             discard = Sink(base / "sink.sock", as_uid)
@@ -246,34 +261,15 @@ def measure(reps: int, calls: int, clients: dict[str, int], settings: dict[str, 
         for _ in range(reps):
             for kind in kinds:
                 for name, monitor in monitors.items():
-                    noise = Noise(kind, monitor.socket, clients.get(kind, 16), as_uid)
-                    time.sleep(0.3 if kind != "alone" else 0)
-                    try:
-                        run = run_once(pools[name].ensure(1), monitor, "n2h", 1, calls,
-                                       pinned=False)
-                    finally:
-                        noise.end()
-                    if run["errors"]:
-                        raise RuntimeError(f"victim calls failed under {kind} ({name}): "
-                                           f"{run['errors']}")
-                    results[name][kind].append({"p50": run["p50_us"], "p99": run["p99_us"]})
-                if kind == "alone" and sunk:
-                    results["sink"]["alone"].append(results[next(iter(builds))]["alone"][-1])
+                    results[name][kind].append(victim_run(kind, name, monitor.socket))
                 if kind in sunk and discard is not None:
-                    first = next(iter(builds))
-                    noise = Noise(kind, discard.path, clients.get(kind, 16), as_uid)
-                    time.sleep(0.3)
-                    try:
-                        run = run_once(pools[first].ensure(1), monitors[first], "n2h", 1,
-                                       calls, pinned=False)
-                    finally:
-                        noise.end()
-                    results["sink"][kind].append({"p50": run["p50_us"], "p99": run["p99_us"]})
+                    results["sink"][kind].append(victim_run(kind, first, discard.path))
         report: dict[str, object] = {"settings": settings, "reps": reps, "calls": calls,
                                      "clients": {k: clients.get(k, 16) for k in kinds[1:]},
                                      "noise_uid": as_uid or 0, "load": os.getloadavg()}
-        for name in (*builds, *(["sink"] if sunk else [])):
-            alone = results[name]["alone"]
+        for name in results:
+            # the sink's runs are paired with its victim's build's quiet runs
+            alone = results[first if name == "sink" else name]["alone"]
             rows: dict[str, object] = {}
             for kind in results[name]:
                 runs = results[name][kind]
