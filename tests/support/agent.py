@@ -17,15 +17,17 @@ class Agent:
     """A target program; `mode` is how it runs: under fhmon, or straight on the kernel."""
 
     def __init__(self, world: World, mode: str, share: Path, socket: str | None = None,
-                 user: int | None = NOBODY, through: Sequence[str] = ()) -> None:
+                 user: int | None = NOBODY, through: Sequence[str] = (),
+                 launcher: Sequence[str] = (FHMON, "launch")) -> None:
         """through: a command the target runs the agent through, e.g. `unshare -Urm` (then
-        it is root of its own user and mount namespace, still uid 65534 on the host)."""
+        it is root of its own user and mount namespace, still uid 65534 on the host);
+        launcher: what `fhmon launch` is (another install's, or an installed launcher)."""
         self.mode = mode
         agent_argv = [*through, SYSTEM_PYTHON, str(world.agent), str(share)]
         kwargs: dict[str, Any] = {}
         if mode == "fhmon":
             assert socket is not None
-            argv = [FHMON, "launch", "--socket", socket, "--share", str(share),
+            argv = [*launcher, "--socket", socket, "--share", str(share),
                     *(["--user", str(user)] if user is not None else []), "--", *agent_argv]
         elif mode in ("runc", "crun", "runc-nnp-off"):
             assert socket is not None

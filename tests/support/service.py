@@ -70,19 +70,22 @@ class Service:
     """
 
     def __init__(self, base: Path, allow: list[str], name: str = "fhmon",
-                 key_dir: Path | None = None, extra: list[str] | None = None) -> None:
+                 key_dir: Path | None = None, extra: list[str] | None = None,
+                 command: str = FHMON) -> None:
+        """command: the `fhmon` executable (another install's, e.g. a wheel's venv)."""
+        self.command = command
         self.dir = base / name
         self.dir.mkdir(mode=0o755, exist_ok=True)
         self.socket = str(self.dir / "fhmon.sock")
         self.key_dir = key_dir or self.dir / "keys"
         if not self.key_dir.exists():
-            subprocess.run([FHMON, "keygen", "--key-dir", str(self.key_dir)], check=True,
+            subprocess.run([command, "keygen", "--key-dir", str(self.key_dir)], check=True,
                            capture_output=True)
         self.log_path = self.dir / "serve.log"
         # FHMON_TEST_CONFIG: run the whole suite against another configuration (e.g.
         # recv_thread = true); explicit --config in `extra` comes later and wins.
         base_config = os.environ.get("FHMON_TEST_CONFIG")
-        self.argv = [FHMON, "serve", "--socket", self.socket, "--key-dir", str(self.key_dir),
+        self.argv = [command, "serve", "--socket", self.socket, "--key-dir", str(self.key_dir),
                      *[arg for a in allow for arg in ("--allow", a)],
                      *(["--config", base_config] if base_config else []), *(extra or [])]
         self.proc: subprocess.Popen[bytes] | None = None
@@ -138,7 +141,7 @@ class Service:
         return out
 
     def status(self) -> dict[str, Any]:
-        res = subprocess.run([FHMON, "status", "--socket", self.socket, "--json"],
+        res = subprocess.run([self.command, "status", "--socket", self.socket, "--json"],
                              capture_output=True, text=True, timeout=10)
         assert res.returncode == 0, res.stderr
         status: dict[str, Any] = json.loads(res.stdout)
