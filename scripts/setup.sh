@@ -12,8 +12,10 @@ fi
 
 need=()
 # python3-dev: the Python headers, for building the Rust extension (monitor._native);
+# libc6-dev: glibc's libc.a, for the static launcher (scripts/build-launcher.sh);
 # runc: the OCI runtime the KubeVirt tests run the injected pod's containers under
-for pkg in python3 python3-venv python3-pip python3-dev libseccomp2 ca-certificates runc "$@"; do
+for pkg in python3 python3-venv python3-pip python3-dev libc6-dev libseccomp2 ca-certificates \
+        runc "$@"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

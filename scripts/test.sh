@@ -10,9 +10,9 @@ bash scripts/setup.sh linux-perf
 if [ -x tests/e2e/env/prepare.sh ] || [ -f tests/e2e/env/prepare.sh ]; then
     bash tests/e2e/env/prepare.sh
 fi
-.venv/bin/ruff check monitor protocol tests bench
+.venv/bin/ruff check monitor protocol tests bench build_backend
 bash scripts/rust_checks.sh
-.venv/bin/mypy monitor protocol
+.venv/bin/mypy monitor protocol build_backend
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
 fi
