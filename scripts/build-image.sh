@@ -73,19 +73,17 @@ if [ ! -s "$base" ] || [ "$0" -nt "$base" ]; then
 fi
 
 # 2. The wheels: the dependencies as locked (hash-checked, binary only), then fhmon's own,
-# built on the host. The launcher goes into the wheel (pyproject.toml's include) when it is
-# built; without it, step 3 copies scripts/build-launcher.sh's output where the wheel puts it.
+# built on the host; its build backend (build_backend/fhmon_build.py) builds the static
+# launcher into it.
 wheels=$cache/wheels
 mkdir -p "$wheels"
 "${PIP[@]}" download --require-hashes --only-binary=:all: --dest "$wheels" \
     -r deploy/requirements.lock
 launcher=monitor/_bin/fhmon-launch
-if [ ! -x "$launcher" ]; then
-    bash scripts/build-launcher.sh
-fi
 fhmon_wheel=$(ls "$wheels"/fhmon-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$fhmon_wheel" ] || [ -n "$(find monitor protocol native/src native/build.rs \
-        native/launcher native/Cargo.toml native/Cargo.lock pyproject.toml \
+        native/launcher native/Cargo.toml native/Cargo.lock pyproject.toml build_backend \
+        scripts/build-launcher.sh \
         -newer "$fhmon_wheel" -not -path '*/__pycache__*' 2>/dev/null | head -1)" ]; then
     echo "build-image.sh: building fhmon's wheel"
     rm -f "$wheels"/fhmon-*.whl
@@ -101,7 +99,8 @@ mkdir -p "$stage$SITE" "$stage/usr/local/bin" "$stage$SECCOMP_DIR"
     --target "$stage$SITE" -r deploy/requirements.lock
 "${PIP[@]}" install --no-index --no-deps --no-compile --target "$stage$SITE" "$fhmon_wheel"
 if [ ! -x "$stage$SITE/$launcher" ]; then
-    install -D -m 0755 "$launcher" "$stage$SITE/$launcher"
+    echo "build-image.sh: $fhmon_wheel has no $launcher (pyproject.toml's build backend)" >&2
+    exit 1
 fi
 # pip --target writes scripts for the host's interpreter: the image's is /usr/bin/python3.
 rm -rf "$stage$SITE/bin"
