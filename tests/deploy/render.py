@@ -36,6 +36,7 @@ K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 CLUSTER_SCOPED = {
     "Namespace",
     "ClusterRole",
+    "SecurityContextConstraints",
     "ClusterRoleBinding",
     "PriorityClass",
     "CustomResourceDefinition",

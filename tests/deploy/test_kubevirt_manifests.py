@@ -301,7 +301,10 @@ def test_openshift_overlay_is_the_webhook_in_openshift_cnv_on_cri_o(
     configurations' Service, the CA injector's Certificate, the certificate's names) follows."""
     openshift = render(OVERLAYS / "openshift")
     assert check_webhook(openshift) == []
-    assert {key(o)[0::2] for o in openshift} == {key(o)[0::2] for o in overlay}
+    # the same objects, and the SCC with its binding (tests/deploy/test_openshift_scc.py)
+    assert {key(o)[0::2] for o in openshift} == {key(o)[0::2] for o in overlay} | {
+        ("SecurityContextConstraints", "fhmon"), ("ClusterRole", "fhmon-scc"),
+        ("RoleBinding", "fhmon-scc")}
     for config in (o for o in openshift if o["kind"] == "MutatingWebhookConfiguration"):
         assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
             "openshift-cnv/fhmon-webhook"

@@ -44,7 +44,9 @@ CASES = manifest_cases()
 # Kinds without a schema in kubernetes-validate (custom resources), checked by hand below.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"),
                 ("monitoring.coreos.com/v1", "PrometheusRule"),
-                ("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
+                ("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate"),
+                # OpenShift's, against its own CRD schema: tests/deploy/test_openshift_scc.py
+                ("security.openshift.io/v1", "SecurityContextConstraints")}
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)

@@ -38,14 +38,23 @@ LAUNCHER_POD = (DATA / "virt-launcher-pod.yaml").read_text()
 
 
 def apply_patch(document: Any, patch: list[dict[str, Any]]) -> Any:
-    """A small RFC 6902 applier for the two operations the plan uses (add, replace)."""
+    """A small RFC 6902 applier for the operations the plan and the overlays use (add,
+    replace, remove); a path that does not exist fails, as it does in kustomize."""
     document = copy.deepcopy(document)
     for operation in patch:
+        assert operation["op"] in ("add", "replace", "remove"), operation
         parts = [p.replace("~1", "/").replace("~0", "~") for p in operation["path"][1:].split("/")]
         parent = document
         for part in parts[:-1]:
             parent = parent[int(part)] if isinstance(parent, list) else parent[part]
         last = parts[-1]
+        if operation["op"] == "remove":
+            if isinstance(parent, list):
+                del parent[int(last)]
+            else:
+                assert last in parent, operation
+                del parent[last]
+            continue
         if isinstance(parent, list):
             if operation["op"] == "add":
                 parent.insert(len(parent) if last == "-" else int(last), operation["value"])
