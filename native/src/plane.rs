@@ -256,8 +256,15 @@ impl Plane {
                 Err(libc::ENOENT) if !listener_hung_up(target) => continue, // caller gone
                 Err(_) => {
                     // a listener RECV refuses for good (or, no task left, answers ENOENT
-                    // at once, forever: seen on 6.18): wait to be stopped
-                    std::thread::sleep(Duration::from_millis(50));
+                    // at once, forever: seen on 6.18): wait to be stopped, woken at once
+                    // by stop_threads (a sleep would outlast its signal: std's sleep
+                    // resumes after EINTR, and the remover waits, on the intake's thread)
+                    let parked = lock(&target.spare_lock);
+                    if !target.stopping.load(Ordering::SeqCst) {
+                        let _ = target
+                            .spare_wake
+                            .wait_timeout(parked, Duration::from_millis(50));
+                    }
                     continue;
                 }
             }

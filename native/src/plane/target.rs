@@ -50,7 +50,8 @@ pub(super) struct Target {
     pub(super) fallback_lock: Mutex<()>,
     /// calls answered natively since the last take_stats
     pub(super) calls: AtomicU64,
-    /// where a spare thread parks while it is confined to one CPU (Spare)
+    /// where a thread parks, until stop_threads notifies it: a spare thread while it is
+    /// confined to one CPU (Spare), any thread once its listener refuses RECV for good
     pub(super) spare_lock: Mutex<()>,
     pub(super) spare_wake: Condvar,
     /// under "auto", held while a thread works on a call (Spare): one CPU per target
