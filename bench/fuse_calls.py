@@ -147,9 +147,14 @@ def one_walk(env: harness.Env, tree_home: Path, tree: walk.Tree, args: list[str]
             for p in tracer:
                 p.wait(30)
             result = walk.parse_walk_result(res.console) or {}
-            targets = status.get("targets") or [{}]
+            # fhmon's own count of the target's handle calls, at the guest's hold (the walk
+            # done, virtiofsd still serving): never a silent blank in the table
+            targets = status.get("targets") or []
+            if len(targets) != 1 or not isinstance(targets[0].get("calls"), int):
+                raise RuntimeError(f"fhmon status at the hold: expected one target with its "
+                                   f"calls, got {status or 'no status (no hold seen)'}")
             out: dict[str, Any] = {"args": args, "walk": result,
-                                   "fhmon_calls_at_hold": targets[0].get("calls")}
+                                   "fhmon_calls_at_hold": targets[0]["calls"]}
             if trace and strace_log.exists():
                 with strace_log.open(errors="replace") as f:
                     phases = attribute(f)
@@ -186,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(run["table"], flush=True)
     for name, runs in got.items():
         walks = [float(r["walk"].get("walk_s", "nan")) for r in runs]
-        calls = [r["fhmon_calls_at_hold"] or 0 for r in runs]
+        calls = [r["fhmon_calls_at_hold"] for r in runs]
         print(f"{name or '(defaults)'}: walk_s median {statistics.median(walks):.2f} {walks}; "
               f"calls/file median {statistics.median(calls) / a.files:.2f} "
               f"{[round(c / a.files, 2) for c in calls]}")
