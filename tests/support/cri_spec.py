@@ -388,6 +388,14 @@ def containers_common_profile(source: Mapping[str, Any], caps: Sequence[str],
 
 # ---------------------------------------------------------------------- the whole config
 
+def namespaces(spec: Mapping[str, Any]) -> list[str]:
+    """The namespaces a container gets: hostPID, hostIPC and hostNetwork (NamespaceMode NODE
+    in the CRI) leave it in the host's pid, ipc and network namespace (WithHostNamespace)."""
+    host = {"pid": spec.get("hostPID"), "ipc": spec.get("hostIPC"),
+            "network": spec.get("hostNetwork")}
+    return [t for t in ("pid", "ipc", "uts", "mount", "network") if not host.get(t)]
+
+
 def translate(pod: Mapping[str, Any], name: str, ctx: NodeContext) -> dict[str, Any]:
     """The OCI config containerd's CRI plugin would hand runc for container `name`."""
     container = find_container(pod, name)
@@ -410,7 +418,7 @@ def translate(pod: Mapping[str, Any], name: str, ctx: NodeContext) -> dict[str, 
     process["capabilities"] = caps
     linux: dict[str, Any] = {
         "resources": resources(container),
-        "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
+        "namespaces": [{"type": t} for t in namespaces(pod["spec"])],
         "maskedPaths": list(KUBELET_MASKED_PATHS),
         "readonlyPaths": list(KUBELET_READONLY_PATHS),
     }

@@ -283,3 +283,16 @@ def test_the_real_profiles_refuse_open_by_handle_at_as_containerd_loads_them() -
         ("SCMP_ACT_ALLOW", None), ("SCMP_ACT_ERRNO", 1)]
     assert all(set(r) <= {"names", "action", "errnoRet", "args"} for r in hco["syscalls"])
     assert set(hco) == {"defaultAction", "defaultErrnoRet", "syscalls"}
+
+
+@pytest.mark.parametrize("field,gone", [("hostPID", "pid"), ("hostIPC", "ipc"),
+                                         ("hostNetwork", "network")])
+def test_host_namespaces_leave_the_container_in_the_hosts(field: str, gone: str) -> None:
+    pod = injected()
+    pod["spec"][field] = True
+    config = cri_spec.translate(pod, containers.LAUNCHER_INIT, ctx())
+    kinds = [n["type"] for n in config["linux"]["namespaces"]]
+    assert gone not in kinds and len(kinds) == len(NAMESPACES) - 1
+    pod["spec"][field] = False
+    config = cri_spec.translate(pod, containers.LAUNCHER_INIT, ctx())
+    assert config["linux"]["namespaces"] == NAMESPACES
