@@ -5,8 +5,9 @@
 # reference data plane (the default is the native one), so both answer the same tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# linux-perf: for the benchmark's CPU split (bench.run --perf and its smoke test)
-bash scripts/setup.sh linux-perf
+# linux-perf: for the benchmark's CPU split (bench.run --perf and its smoke test);
+# mmdebstrap, umoci: the image build (scripts/build-image.sh) that tests/deploy runs under runc
+bash scripts/setup.sh linux-perf mmdebstrap umoci
 if [ -x tests/e2e/env/prepare.sh ] || [ -f tests/e2e/env/prepare.sh ]; then
     bash tests/e2e/env/prepare.sh
 fi
