@@ -44,9 +44,8 @@ import yaml
 
 from monitor.kubevirt import containers, inject
 from protocol import deviceplugin as api
-from tests.deploy import image
 from tests.deploy.render import BASE, COMPONENTS, REPO, load_docs, one, render
-from tests.support import FHMON, NOBODY, Agent, World, cri_spec, runc
+from tests.support import FHMON, NOBODY, Agent, World, cri_spec, image, runc
 from tests.support.handles import N2HResult
 from tests.support.kubelet import FakeKubelet
 from tests.support.kubevirt import LAUNCHER_POD, make_certificate, review

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from tests.support import image
 
 from . import harness
 
@@ -38,3 +42,13 @@ def e2e_env() -> harness.Env:
     except harness.E2EEnvironmentError as e:
         pytest.fail(f"e2e environment broken: {e}", pytrace=False)
     return env
+
+
+@pytest.fixture(scope="session")
+def fhmon_image() -> Iterator[tuple[Path, image.ImageConfig]]:
+    """fhmon's image as scripts/build-image.sh builds it (cached under build/image), unpacked:
+    its root filesystem and config (the runc e2e's init container runs from it)."""
+    if os.geteuid() != 0:
+        pytest.fail("the image is unpacked as root (umoci keeps owners)", pytrace=False)
+    with image.unpacked() as found:
+        yield found

@@ -9,8 +9,9 @@ For each case the pod is injected by `fhmon inject`, then, as on a node:
   2. the device plugin's Allocate answer for devices.kubevirt.io/fhmon gives the mount of
      fhmon's socket directory (here the run's folder, where `fhmon serve` listens);
   3. the init container `fhmon-launcher` runs `install-launcher` under runc (uid 107, no
-     capabilities, no_new_privs, read-only root) from the fhmon "image" (the host's /usr and
-     the checkout with its virtualenv);
+     capabilities, no_new_privs, read-only root) from fhmon's image as scripts/build-image.sh
+     builds it (cached under build/image, unpacked by umoci): the launcher the virtiofs
+     container then runs is the image's;
   4. the container `virtiofs-data` runs under runc from the virt-launcher "image" (the host's
      /usr plus KubeVirt's /usr/libexec/virtiofsd, a script exec'ing the e2e environment's
      virtiofsd), with the seccomp profile the pod asks for; the guest runs its workload.
@@ -168,7 +169,8 @@ def container_processes(init_pid: int) -> list[int]:
 
 
 def start_node(rt: runc.Runtime, pod: dict[str, Any], rd: harness.RunDir, e2e_env: harness.Env,
-               seccomp_reader: str) -> tuple[dict[str, Any], str, list[str]]:
+               seccomp_reader: str, image: tuple[Path, cri_spec.ImageConfig]
+               ) -> tuple[dict[str, Any], str, list[str]]:
     """Runs the init container to completion; returns the virtiofs container's config, id
     and runc argv."""
     mount = device_plugin_mount()
@@ -189,9 +191,10 @@ def start_node(rt: runc.Runtime, pod: dict[str, Any], rd: harness.RunDir, e2e_en
             seccomp_root=str(seccomp_root), localhost_profiles=profiles,
             runtime_default=runtime_default, seccomp_reader=seccomp_reader)
 
-    # 1. The init container, from the fhmon image (entrypoint `fhmon`).
-    root = rt.rootfs("init", runc.Image(binds=[str(REPO)]))
-    fhmon_image = cri_spec.ImageConfig(entrypoint=[harness.fhmon_command()])
+    # 1. The init container, from fhmon's image as scripts/build-image.sh builds it (the
+    # launcher it copies is the image's, not the checkout's).
+    root, fhmon_image = image
+    (rt.base / "init").mkdir()
     config = cri_spec.translate(pod, containers.LAUNCHER_INIT, ctx("init", root, fhmon_image))
     init_id, bundle = rt.bundle("init", config)
     copied = rt.run(init_id, bundle)
@@ -208,7 +211,8 @@ def start_node(rt: runc.Runtime, pod: dict[str, Any], rd: harness.RunDir, e2e_en
     return config, vfs_id, rt.run_argv(vfs_id, bundle)
 
 
-def serve_pod(pod: dict[str, Any], e2e_env: harness.Env, *, with_fhmon: bool,
+def serve_pod(pod: dict[str, Any], e2e_env: harness.Env,
+              fhmon_image: tuple[Path, cri_spec.ImageConfig], *, with_fhmon: bool,
               seccomp_reader: str = "containerd") -> PodRun:
     """Runs the pod's containers under runc and the guest against them (fhmon or not)."""
     seen: dict[int, dict[str, str]] = {}
@@ -218,7 +222,8 @@ def serve_pod(pod: dict[str, Any], e2e_env: harness.Env, *, with_fhmon: bool,
     leftovers: list[str] = []
     try:
         with harness.run_dir(QEMU_UID) as rd, contextlib.ExitStack() as stack:
-            config, vfs_id, argv = start_node(rt, pod, rd, e2e_env, seccomp_reader)
+            config, vfs_id, argv = start_node(rt, pod, rd, e2e_env, seccomp_reader,
+                                              fhmon_image)
             if with_fhmon:
                 svc = stack.enter_context(harness.fhmon_service(
                     rd, serve_args=["--socket-mode", "0660", "--socket-group", str(QEMU_UID)]))
@@ -293,10 +298,11 @@ def assert_handles_through_fhmon(run: PodRun, text: str) -> None:
         text
 
 
-def test_stock_kubevirt_pod_under_runc_gets_handles_from_fhmon(e2e_env: harness.Env) -> None:
+def test_stock_kubevirt_pod_under_runc_gets_handles_from_fhmon(
+        e2e_env: harness.Env, fhmon_image: tuple[Path, cri_spec.ImageConfig]) -> None:
     """(a) No seccomp profile (Unconfined): the launcher's filter sends the calls to fhmon."""
     pod = stock_pod()
-    run = serve_pod(pod, e2e_env, with_fhmon=True)
+    run = serve_pod(pod, e2e_env, fhmon_image, with_fhmon=True)
     text = summary(run)
     print(text)
     assert "seccomp" not in run.config["linux"], text
@@ -305,14 +311,16 @@ def test_stock_kubevirt_pod_under_runc_gets_handles_from_fhmon(e2e_env: harness.
 
 
 @pytest.mark.parametrize("reader", ["cri-o", "containerd"])
-def test_hco_pod_under_runc_gets_handles_from_fhmon(e2e_env: harness.Env, reader: str) -> None:
+def test_hco_pod_under_runc_gets_handles_from_fhmon(
+        e2e_env: harness.Env, reader: str,
+        fhmon_image: tuple[Path, cri_spec.ImageConfig]) -> None:
     """(b) Pod-level Localhost kubevirt/kubevirt.json: the injected container's own profile
     lets the two calls reach the launcher's filter, the profile read as OpenShift's CRI-O
     reads it (HCO's runtime) and as containerd does."""
     pod = hco_pod()
     assert [c for c in pod["spec"].get("initContainers") or []
             if c["name"] == containers.LAUNCHER_INIT], "fhmon inject left the HCO pod alone"
-    run = serve_pod(pod, e2e_env, with_fhmon=True, seccomp_reader=reader)
+    run = serve_pod(pod, e2e_env, fhmon_image, with_fhmon=True, seccomp_reader=reader)
     text = summary(run)
     print(text)
     assert "seccomp" in run.config["linux"], text   # a profile is really in force
@@ -323,7 +331,8 @@ def test_hco_pod_under_runc_gets_handles_from_fhmon(e2e_env: harness.Env, reader
 @pytest.mark.parametrize(("profile", "reader", "reaches_fhmon"), [
     (HCO_PROFILE, "cri-o", False), (HCO_PROFILE, "containerd", True), ("", "containerd", False)])
 def test_the_runtimes_profile_alone_decides_whether_open_by_handle_at_reaches_fhmon(
-        e2e_env: harness.Env, profile: str, reader: str, reaches_fhmon: bool) -> None:
+        e2e_env: harness.Env, profile: str, reader: str, reaches_fhmon: bool,
+        fhmon_image: tuple[Path, cri_spec.ImageConfig]) -> None:
     """Why (b) needs a profile of fhmon's: the injected pod under HCO's kubevirt.json as is
     (pod level, nothing at container level). Read as CRI-O (OpenShift) reads it, its ERRNO
     rule for open_by_handle_at (for containers without CAP_DAC_READ_SEARCH) applies, and an
@@ -342,7 +351,7 @@ def test_the_runtimes_profile_alone_decides_whether_open_by_handle_at_reaches_fh
     pod["spec"]["securityContext"]["seccompProfile"] = (
         {"type": "Localhost", "localhostProfile": profile} if profile
         else {"type": "RuntimeDefault"})
-    run = serve_pod(pod, e2e_env, with_fhmon=True, seccomp_reader=reader)
+    run = serve_pod(pod, e2e_env, fhmon_image, with_fhmon=True, seccomp_reader=reader)
     text = summary(run)
     print(text)
     seccomp_in_force = run.config["linux"]["seccomp"]
@@ -354,12 +363,13 @@ def test_the_runtimes_profile_alone_decides_whether_open_by_handle_at_reaches_fh
     assert (opened > 0) == reaches_fhmon, text
 
 
-def test_stock_pod_with_fhmon_down_runs_kubevirts_virtiofsd(e2e_env: harness.Env) -> None:
+def test_stock_pod_with_fhmon_down_runs_kubevirts_virtiofsd(
+        e2e_env: harness.Env, fhmon_image: tuple[Path, cri_spec.ImageConfig]) -> None:
     """(c) No fhmon at VM start: the guest works, virtiofsd runs exactly KubeVirt's command
     line (no handle flags), without handles."""
     pod = stock_pod()
     original = cri_spec.find_container(yaml.safe_load(LAUNCHER_POD), VIRTIOFS)
-    run = serve_pod(pod, e2e_env, with_fhmon=False)
+    run = serve_pod(pod, e2e_env, fhmon_image, with_fhmon=False)
     text = summary(run)
     print(text)
     assert_guest_served(run, text)

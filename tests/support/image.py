@@ -1,5 +1,6 @@
 """fhmon's image as scripts/build-image.sh builds it (an OCI layout), unpacked as a snapshotter
-would, and a node's directories for its pod: what tests/deploy/test_image_runc.py runs.
+would, and a node's directories for its pod: what tests/deploy/test_image_runc.py runs, and
+the fhmon image of the runc e2e (tests/e2e/test_runc_e2e.py).
 
 The build is cached under build/image (the bootstrap and the wheels: a rerun redoes only
 what changed); the unpacked root filesystem lives as long as the test module.
@@ -7,10 +8,13 @@ what changed); the unpacked root filesystem lives as long as the test module.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +97,18 @@ def secret_volume(root: Path, files: dict[str, bytes], mode: int,
     for name in files:
         (root / name).symlink_to(f"..data/{name}")
     return root
+
+
+@contextlib.contextmanager
+def unpacked() -> Iterator[tuple[Path, ImageConfig]]:
+    """The image built (cached) and unpacked into a fresh directory, for the block."""
+    built = build()
+    base = Path(tempfile.mkdtemp(prefix="fhmon-image-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        yield unpack(built.layout, base / "unpacked"), built.config
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def fresh_dir(path: Path, mode: int = 0o755) -> Path:
