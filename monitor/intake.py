@@ -161,36 +161,79 @@ class Intake:
         self.admission = Admission(config)
         self._pace = IntakePace()
         self.accepting = False  # the accept loop runs (/readyz)
+        # a client refused again and again writes 20 lines, then 1 a second, and a count
+        self._dropped_lines = log.Throttle()
+        self._refused_lines = log.Throttle()
+        self._audited_oci_refusals = log.Throttle()
 
     async def serve(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
         """Accept until cancelled; each admitted connection is served in `nursery`."""
         self.accepting = True
         try:
-            while True:
-                try:
-                    conn, _ = await sock.accept()
-                except OSError as exc:
-                    if exc.errno in _ACCEPT_CONNECTION_DIED:
-                        continue
-                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
-                        raise
-                    log.event("accept_failed", logging.ERROR, error=exc.strerror)
-                    await trio.sleep(0.1)
-                    continue
-                try:
-                    peer = peer_cred(conn)
-                except OSError:
-                    conn.close()
-                    continue
-                refusal = self.admission.admit(peer.uid)
-                if refusal is not None:
-                    conn.close()
-                    log.event("connection_dropped", logging.WARNING, peer_uid=peer.uid,
-                              peer_pid=peer.pid, reason=refusal)
-                    continue
-                nursery.start_soon(self._connection, conn, peer, nursery)
+            async with trio.open_nursery() as own:
+                own.start_soon(self._flush_throttled_lines)
+                await self._accept(sock, nursery)
         finally:
             self.accepting = False
+            self._flush()  # what was held back is said before the service stops
+
+    async def _flush_throttled_lines(self) -> None:
+        """Once a second, one summary line for each kind of refusal lines held back."""
+        while True:
+            await trio.sleep(1.0)
+            self._flush()
+
+    def _flush(self) -> None:
+        log.flush_throttled(self._dropped_lines, "connection_dropped", logging.WARNING,
+                            lambda key: {"peer_uid": key[0], "reason": key[1]})
+        log.flush_throttled(self._refused_lines, "registration_refused", logging.WARNING,
+                            lambda key: {"peer_uid": key[0], "reason": key[1]})
+        log.flush_throttled(self._audited_oci_refusals, "registration_refused", logging.WARNING,
+                            lambda key: {"peer_uid": key[0], "reason": key[1],
+                                         "convention": "oci"}, to_audit=True)
+
+    def _audit_oci_refusal(self, peer: PeerCred, reason: str) -> None:
+        """The audit line of a refused OCI state, throttled per client uid and reason (a
+        runtime's client refused for holding too much reconnects at once, and again)."""
+        self._registrar.count_registration("refused")
+        if self._audited_oci_refusals.admit((peer.uid, reason), trio.current_time()):
+            log.audit("registration_refused", reason=reason, convention="oci",
+                      peer_uid=peer.uid, peer_pid=peer.pid)
+
+    def _refusal_line(self, peer: PeerCred, reason: str) -> None:
+        """A registration_refused event of the intake (not the audit of a refused
+        registration: monitor/server.py), throttled per client uid and reason."""
+        if self._refused_lines.admit((peer.uid, reason), trio.current_time()):
+            log.event("registration_refused", logging.WARNING, peer_pid=peer.pid,
+                      peer_uid=peer.uid, reason=reason)
+
+    async def _accept(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
+        """The accept loop: admission per client uid, then a task per connection."""
+        while True:
+            try:
+                conn, _ = await sock.accept()
+            except OSError as exc:
+                if exc.errno in _ACCEPT_CONNECTION_DIED:
+                    continue
+                if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                log.event("accept_failed", logging.ERROR, error=exc.strerror)
+                await trio.sleep(0.1)
+                continue
+            try:
+                peer = peer_cred(conn)
+            except OSError:
+                conn.close()
+                continue
+            refusal = self.admission.admit(peer.uid)
+            if refusal is not None:
+                conn.close()
+                self._registrar.count_registration("dropped")
+                if self._dropped_lines.admit((peer.uid, refusal), trio.current_time()):
+                    log.event("connection_dropped", logging.WARNING, peer_uid=peer.uid,
+                              peer_pid=peer.pid, reason=refusal)
+                continue
+            nursery.start_soon(self._connection, conn, peer, nursery)
 
     async def _connection(self, conn: trio.socket.SocketType, peer: PeerCred,
                           nursery: trio.Nursery) -> None:
@@ -218,8 +261,7 @@ class Intake:
                             self._registrar.register_oci(peer, state, fds, nursery, client)
             if scope.cancelled_caught:
                 self._registrar.count_registration("timeout")
-                log.event("registration_refused", logging.WARNING, peer_pid=peer.pid,
-                          peer_uid=peer.uid, reason="timed out waiting for a registration")
+                self._refusal_line(peer, "timed out waiting for a registration")
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except Exception:  # a client must never take the service down
@@ -262,8 +304,7 @@ class Intake:
                 step = conversation.protocol_error(str(exc))
                 if step.action is Action.REFUSE:
                     self._registrar.count_registration("malformed")
-                    log.event("registration_refused", logging.WARNING, peer_pid=peer.pid,
-                              peer_uid=peer.uid, reason=str(exc))
+                    self._refusal_line(peer, str(exc))
                     await conn.send(intake_wire.encode(intake_wire.Refuse(step.errno, step.reason)))
                 return
             await self._pace.take(peer.uid)
@@ -295,17 +336,16 @@ class Intake:
                         if state is not None:
                             return state, fds
                 except oci.OciStateError as exc:
-                    log.audit("registration_refused", reason=str(exc), convention="oci")
+                    self._audit_oci_refusal(peer, str(exc))
                     return None
                 await self._pace.take(peer.uid)
                 data, fds = await recv_with_fds(conn, fds)
                 if len(fds) > MAX_FDS_PER_MESSAGE:
-                    log.audit("registration_refused", reason=f"more than {MAX_FDS_PER_MESSAGE} "
-                              f"fds with one state message", convention="oci")
+                    self._audit_oci_refusal(peer, f"more than {MAX_FDS_PER_MESSAGE} fds with "
+                                            "one state message")
                     return None
                 if not data:
-                    log.audit("registration_refused", reason=str(reader.finish()),
-                              convention="oci")
+                    self._audit_oci_refusal(peer, str(reader.finish()))
                     return None
         finally:
             self.admission.release(peer.uid, held)

@@ -333,6 +333,7 @@ class Service:
     def _status_summary(self) -> dict[str, Any]:
         self.flush_counters()
         return {"counters": self.stats.as_dict(),
+                "registrations": dict(self.stats.registrations),
                 "keys": [f"{k:08x}" for k in self.keys.key_ids],
                 "signer": f"{self.keys.signer:08x}", "pid": os.getpid(),
                 "workers": self._plane.worker_pids() if self._plane is not None else [],

@@ -504,3 +504,33 @@ class TestFailOpen:
         assert ran.printed["pid"] != ran.launcher_pid  # the launcher stays its parent
         assert int(ran.printed["filters"]) == int(self.baseline(printer)["filters"]) + 1
         assert "without fhmon" not in ran.stderr
+
+
+def test_a_client_refused_again_and_again_writes_a_bounded_audit_trail(
+        fhmon: Service) -> None:
+    """400 OCI states that are not JSON, one connection each, from one client: each is
+    refused and counted, but the audit trail gets 20 lines, then a summary line a second
+    with the count of those held back (`summary`, `count`): the lines account for all."""
+    def audited() -> list[dict[str, Any]]:
+        return [e for e in fhmon.events() if e.get("event") == "registration_refused"
+                and e.get("audit") and "not valid JSON" in str(e.get("reason"))]
+
+    refused_before = fhmon.status()["registrations"].get("refused", 0)
+    lines_before = len(audited())
+    for _ in range(400):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(fhmon.socket)
+            conn.sendall(b"{garbage")
+            conn.shutdown(socket.SHUT_WR)
+            conn.recv(16)  # fhmon closes it once refused
+    deadline = time.monotonic() + 5
+    while True:
+        lines = audited()[lines_before:]
+        accounted = sum(int(e["count"]) if e.get("summary") else 1 for e in lines)
+        if accounted >= 400 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert accounted == 400, lines[-3:]
+    assert len(lines) <= 30, len(lines)
+    assert all(e["peer_uid"] == 0 for e in lines)
+    assert fhmon.status()["registrations"]["refused"] - refused_before == 400
