@@ -27,6 +27,7 @@ Each running container's uid, capabilities and root mount are checked against th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -165,6 +166,7 @@ def node() -> Iterator[Node]:
     base = Path(tempfile.mkdtemp(prefix="fhmon-image-", dir="/tmp"))
     base.chmod(0o755)
     share = SHARE_PARENT / f"fhmon-image-test-{uuid.uuid4().hex[:12]}"
+    made_parent = not SHARE_PARENT.exists()
     rt = runc.Runtime()
     node = None
     try:
@@ -197,6 +199,9 @@ def node() -> Iterator[Node]:
         rt.close()
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(share, ignore_errors=True)
+        if made_parent:
+            with contextlib.suppress(OSError):
+                SHARE_PARENT.rmdir()  # only if nothing else came to live there
 
 
 def daemonset_volumes(node: Node) -> dict[str, str]:
