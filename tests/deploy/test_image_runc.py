@@ -51,8 +51,6 @@ from tests.support.handles import N2HResult
 from tests.support.kubelet import FakeKubelet
 from tests.support.kubevirt import LAUNCHER_POD, make_certificate, review
 
-SECCOMP_DATA = REPO / "tests" / "data" / "seccomp"
-RUNTIME_DEFAULT = "containerd-runtime-default-amd64.json"
 SHARE_PARENT = Path("/opt/local-path-provisioner")   # an --allow glob's directory
 CAP_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "DAC_READ_SEARCH": 2, "FOWNER": 3, "FSETID": 4,
             "KILL": 5, "SETGID": 6, "SETUID": 7, "SETPCAP": 8, "NET_BIND_SERVICE": 10,
@@ -70,13 +68,6 @@ health = ask("GET", "/healthz")
 answer = ask("POST", "/mutate", sys.stdin.buffer.read())
 print(json.dumps({"healthz": health, "mutate": answer}))
 """
-
-
-def runtime_default(caps: Any) -> dict[str, Any]:
-    """containerd's RuntimeDefault for a container without capabilities (tests/data)."""
-    if list(caps):
-        raise cri_spec.TranslationError(f"no rendering of RuntimeDefault for {list(caps)}")
-    return cri_spec.decode_linux_seccomp((SECCOMP_DATA / RUNTIME_DEFAULT).read_bytes())
 
 
 @dataclass
@@ -103,7 +94,7 @@ class Node:
             rootfs=str(self.rootfs), volume_paths=volumes,
             image=image_config or self.built.config, hostname="node1",
             cgroups_path=f"/fhmon-image/{self.rt.base.name}-{name}",
-            runtime_default=runtime_default)
+            runtime_default=runc.runtime_default)
 
     def config(self, pod: dict[str, Any], name: str, volumes: dict[str, str]) -> dict[str, Any]:
         (self.rt.base / name).mkdir(exist_ok=True)  # the bundle, beside the shared rootfs

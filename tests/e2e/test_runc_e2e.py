@@ -56,7 +56,6 @@ QEMU_UID = 107
 HOST_SOCKET_DIR = "/var/run/kubevirt/fhmon"   # the DaemonSet's hostPath
 VIRTIOFS = "virtiofs-data"
 HCO_PROFILE = "kubevirt/kubevirt.json"
-RUNTIME_DEFAULT = "containerd-runtime-default-amd64.json"
 ALL_STEPS = {"create", "append", "readback", "stat", "rename", "hardlink", "symlink", "chmod",
              "unlink", "lsR", "find", "checksum", "dropcache"}
 NOT_SUPPORTED = {"ENOTSUP", "EOPNOTSUPP"}
@@ -108,14 +107,6 @@ def kubelet_volumes(pod: dict[str, Any], rd: harness.RunDir) -> dict[str, str]:
             d.chmod(0o2777)
             dirs[name] = str(d)
     return dirs
-
-
-def runtime_default(caps: Any) -> dict[str, Any]:
-    """containerd's RuntimeDefault, as tests/data/seccomp renders it for a container without
-    capabilities (every container of these pods drops ALL)."""
-    if list(caps):
-        raise cri_spec.TranslationError(f"no rendering of RuntimeDefault for {list(caps)}")
-    return cri_spec.decode_linux_seccomp((SECCOMP_DATA / RUNTIME_DEFAULT).read_bytes())
 
 
 def install_profiles(pod: dict[str, Any], seccomp_root: Path) -> dict[str, bytes]:
@@ -189,7 +180,7 @@ def start_node(rt: runc.Runtime, pod: dict[str, Any], rd: harness.RunDir, e2e_en
             hostname=pod["spec"].get("hostname", ""),
             cgroups_path=f"/fhmon-e2e/{rt.base.name}-{name}",
             seccomp_root=str(seccomp_root), localhost_profiles=profiles,
-            runtime_default=runtime_default, seccomp_reader=seccomp_reader)
+            runtime_default=runc.runtime_default, seccomp_reader=seccomp_reader)
 
     # 1. The init container, from fhmon's image as scripts/build-image.sh builds it (the
     # launcher it copies is the image's, not the checkout's).

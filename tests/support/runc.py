@@ -33,6 +33,19 @@ from pathlib import Path
 from typing import Any
 
 RUNC = "/usr/sbin/runc"
+SECCOMP_DATA = Path(__file__).resolve().parents[1] / "data" / "seccomp"
+RUNTIME_DEFAULT = "containerd-runtime-default-amd64.json"
+
+
+def runtime_default(caps: Any) -> dict[str, Any]:
+    """containerd's RuntimeDefault, as tests/data/seccomp renders it for a container without
+    capabilities (every container these tests run that asks for it drops ALL): the
+    NodeContext.runtime_default of their cri_spec translations."""
+    from tests.support import cri_spec
+
+    if list(caps):
+        raise cri_spec.TranslationError(f"no rendering of RuntimeDefault for {list(caps)}")
+    return cri_spec.decode_linux_seccomp((SECCOMP_DATA / RUNTIME_DEFAULT).read_bytes())
 
 
 class RuncError(RuntimeError):
