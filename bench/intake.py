@@ -14,11 +14,18 @@ intake noise at a time from this process's threads:
   oci        N connections that each send 60 KB of an OCI state message that never ends
              (inside a string), then a byte every ms (issue 37.2)
 
+The noise of pipelined, slow and oci comes from bench/noise.c (compiled here with cc): one
+epoll loop in one process for all N clients (--generator c, the default). --generator
+python makes it from a thread per client of a Python process instead (status always is):
+that generator alone took ~1.2 cores of 2 for 100 oci clients and raised the victim's p99
+~19x with nothing but a discard socket behind it (2026-12-06), more than any bound it was
+meant to check.
+
 --sink adds a noise floor for the kinds that only write (slow, oci): the same noise sent
-to a socket that reads and discards every byte (one selector loop in its own process, the
-noise's uid may connect), while the victim is served by the first build as before. What
-the victim loses beside the sink is the noise generator's own CPU and the machine's, not
-fhmon's work: on 2 cores, 100 oci clients already cost it ~19x (2026-12-06).
+to a socket that reads and discards every byte (noise.c's sink, or a selector loop in
+Python with --generator python; the noise's uid may connect), while the victim is served
+by the first build as before. What the victim loses beside the sink is the noise's own
+CPU and the machine's, not fhmon's work.
 
 For each kind: the victim's p50 and p99 (median over the repetitions) and the median of
 each repetition's p99 ratio to the alone run next to it. Measurements, not assertions
@@ -31,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -46,17 +54,49 @@ from bench.run import make_base, remove_base
 from protocol import intake_wire
 
 KINDS = ("alone", "pipelined", "status", "slow", "oci")
+GENERATORS = ("c", "python")
+NOISE_C = Path(__file__).with_name("noise.c")
+
+PING_BURST = intake_wire.encode(intake_wire.Ping()) * (16384 // intake_wire.HEADER_SIZE)
+PONG_BYTES = len(PING_BURST) // intake_wire.HEADER_SIZE * 10  # read this much, write again
+SLOW_HELLO = intake_wire.encode(intake_wire.Hello(1, "/nonexistent", "slow"))
+OCI_HEAD = b'{"ociVersion":"1.0.2","fds":["seccompFd"],"pid":1,"metadata":"'
+OCI_PREFIX = OCI_HEAD + b"a" * (60_000 - len(OCI_HEAD))  # then "a" a ms, never closed
+
+
+def compile_noise(dest: Path) -> Path:
+    """bench/noise.c built into dest (readable by the noise's uid)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SystemExit("bench.intake: --generator c needs a C compiler (cc)")
+    binary = dest / "noise"
+    subprocess.run([cc, "-O2", "-o", str(binary), str(NOISE_C)], check=True)
+    binary.chmod(0o755)
+    return binary
+
+
+def c_noise_argv(binary: Path, kind: str, path: str, clients: int) -> list[str]:
+    """noise.c's command line for one kind: the same bytes as the Python clients send."""
+    if kind == "pipelined":
+        return [str(binary), "pingpong", path, str(clients), PING_BURST.hex(), str(PONG_BYTES)]
+    if kind == "slow":  # a byte every 5 ms, never the last one: fhmon cuts it, then again
+        return [str(binary), "dribble", path, str(clients), "5000", "", SLOW_HELLO[:-1].hex(),
+                "0"]
+    if kind == "oci":
+        return [str(binary), "dribble", path, str(clients), "1000", OCI_PREFIX.hex(),
+                b"a".hex(), "1"]
+    raise ValueError(f"noise.c makes no {kind} noise")
 
 
 def _pipelined(path: str, stop: threading.Event) -> None:
-    burst = intake_wire.encode(intake_wire.Ping()) * (16384 // intake_wire.HEADER_SIZE)
+    burst = PING_BURST
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(5)
         sock.connect(path)
         while not stop.is_set():
             sock.sendall(burst)
             got = 0
-            while got < len(burst) // intake_wire.HEADER_SIZE * 10 and not stop.is_set():
+            while got < PONG_BYTES and not stop.is_set():
                 data = sock.recv(1 << 20)  # PONGs (about 100 bytes each): drain some
                 if not data:
                     return
@@ -82,7 +122,7 @@ def _status(path: str, stop: threading.Event) -> None:
 
 
 def _slow(path: str, stop: threading.Event) -> None:
-    hello = intake_wire.encode(intake_wire.Hello(1, "/nonexistent", "slow"))
+    hello = SLOW_HELLO
     while not stop.is_set():
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(path)
@@ -96,12 +136,11 @@ def _slow(path: str, stop: threading.Event) -> None:
 
 
 def _oci(path: str, stop: threading.Event) -> None:
-    head = b'{"ociVersion":"1.0.2","fds":["seccompFd"],"pid":1,"metadata":"'
     while not stop.is_set():
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(path)
             try:
-                sock.sendall(head + b"a" * (60_000 - len(head)))
+                sock.sendall(OCI_PREFIX)
                 while not stop.wait(0.001):  # never complete: fhmon ends it, then again
                     sock.send(b"a")
             except OSError:
@@ -122,14 +161,21 @@ def _guarded(work: Callable[[str, threading.Event], None], path: str,
 
 
 class Noise:
-    """N noise clients of one kind: threads of this process, or (as_uid) of a child
-    process running as that uid (fhmon paces and caps each client uid on its own)."""
+    """N noise clients of one kind: noise.c's one process (`binary`, for the kinds it
+    makes), or threads of this process, or (as_uid) of a child process; the child
+    processes run as as_uid (fhmon paces and caps each client uid on its own)."""
 
-    def __init__(self, kind: str, path: str, clients: int, as_uid: int | None) -> None:
+    def __init__(self, kind: str, path: str, clients: int, as_uid: int | None,
+                 binary: Path | None = None) -> None:
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.proc: subprocess.Popen[bytes] | None = None
         if kind == "alone":
+            return
+        if binary is not None and kind != "status":
+            self.proc = subprocess.Popen(
+                c_noise_argv(binary, kind, path, clients), user=as_uid, group=as_uid,
+                extra_groups=[] if as_uid is not None else None)
             return
         if as_uid is not None:
             self.proc = subprocess.Popen(
@@ -188,11 +234,14 @@ while True:
 
 class Sink:
     """A unix socket that reads and discards whatever is written to it, in its own
-    process: the noise floor (the noise's cost without fhmon behind the socket)."""
+    process (noise.c's sink, or Python's without `binary`): the noise floor (the noise's
+    cost without fhmon behind the socket)."""
 
-    def __init__(self, path: Path, uid: int | None) -> None:
+    def __init__(self, path: Path, uid: int | None, binary: Path | None = None) -> None:
         self.path = str(path)
-        self.proc = subprocess.Popen([sys.executable, "-c", _SINK, self.path, str(uid or 0)])
+        argv = ([str(binary), "sink", self.path, str(uid or 0)] if binary is not None
+                else [sys.executable, "-c", _SINK, self.path, str(uid or 0)])
+        self.proc = subprocess.Popen(argv)
         deadline = time.monotonic() + 10
         while not path.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -217,14 +266,16 @@ def _noise_main(kind: str, path: str, clients: int) -> int:
 
 def measure(reps: int, calls: int, clients: dict[str, int], settings: dict[str, str],
             as_uid: int | None = None, builds: dict[str, str] | None = None,
-            kinds: tuple[str, ...] = KINDS, sink: bool = False) -> dict[str, object]:
+            kinds: tuple[str, ...] = KINDS, sink: bool = False,
+            generator: str = "c") -> dict[str, object]:
     """`builds`: name -> fhmon executable, each its own monitor and victim, measured in
     the same repetitions (before and after a change, interleaved). `sink`: also a "sink"
     row, the write-only kinds' noise sent to a discard socket, the victim on the first
-    build."""
+    build. `generator`: "c" (noise.c) or "python" (a thread per client)."""
     builds = builds or {"this": FHMON}
     kinds = ("alone", *(k for k in kinds if k != "alone"))
     base = make_base()
+    binary = compile_noise(base) if generator == "c" else None
     if as_uid is not None:
         settings = {**settings, "socket_mode": '"0660"', "socket_group": str(as_uid)}
     monitors: dict[str, Monitor] = {}
@@ -239,7 +290,7 @@ def measure(reps: int, calls: int, clients: dict[str, int], settings: dict[str, 
 
     def victim_run(kind: str, name: str, noise_path: str) -> dict[str, float]:
         """The victim's n2h p50 and p99 on build `name` while `kind` noise hits noise_path."""
-        noise = Noise(kind, noise_path, clients.get(kind, 16), as_uid)
+        noise = Noise(kind, noise_path, clients.get(kind, 16), as_uid, binary)
         time.sleep(0.3 if kind != "alone" else 0)
         try:
             run = run_once(pools[name].ensure(1), monitors[name], "n2h", 1, calls,
@@ -252,7 +303,7 @@ def measure(reps: int, calls: int, clients: dict[str, int], settings: dict[str, 
 
     try:
         if sunk:
-            discard = Sink(base / "sink.sock", as_uid)
+            discard = Sink(base / "sink.sock", as_uid, binary)
         for name, executable in builds.items():
             monitors[name] = Monitor(base, f"intake-{name}", settings, base / "share",
                                      executable=executable)
@@ -266,7 +317,8 @@ def measure(reps: int, calls: int, clients: dict[str, int], settings: dict[str, 
                     results["sink"][kind].append(victim_run(kind, first, discard.path))
         report: dict[str, object] = {"settings": settings, "reps": reps, "calls": calls,
                                      "clients": {k: clients.get(k, 16) for k in kinds[1:]},
-                                     "noise_uid": as_uid or 0, "load": os.getloadavg()}
+                                     "noise_uid": as_uid or 0, "generator": generator,
+                                     "load": os.getloadavg()}
         for name in results:
             # the sink's runs are paired with its victim's build's quiet runs
             alone = results[first if name == "sink" else name]["alone"]
@@ -307,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sink", action="store_true",
                         help="add the noise floor: the write-only kinds (slow, oci) sent to "
                              "a discard socket instead of fhmon")
+    parser.add_argument("--generator", choices=GENERATORS, default="c",
+                        help="the noise's maker: noise.c's one epoll loop (default) or a "
+                             "Python thread per client")
     parser.add_argument("--noise", choices=sorted(NOISE), help=argparse.SUPPRESS)
     parser.add_argument("--socket", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -320,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(kinds) - set(KINDS):
         raise SystemExit(f"--kinds: unknown {sorted(unknown)}")
     print(json.dumps(measure(args.reps, args.calls, clients, settings, args.as_uid, builds,
-                             kinds, args.sink), indent=2))
+                             kinds, args.sink, args.generator), indent=2))
     return 0
 
 
