@@ -16,6 +16,9 @@ container; the report records that limit):
   unprivileged  uid 65534, no capabilities, --inode-file-handles=never: KubeVirt today
   fhmon         uid 65534 under `fhmon launch` (fhmon serve's defaults), prefer
   root          root with CAP_DAC_READ_SEARCH, prefer: the kernel's own handles
+  refmon        (only when named in --arms) uid 65534 under `fhmon launch`, prefer, served
+                by bench/refmon instead of fhmon: RECV, the kernel's call, HMAC, SEND or
+                ADDFD|SEND, no confinement: the floor of a seccomp-notify monitor
   NAME          with --build NAME=FHMON: the fhmon arm served by another build's `fhmon`
                 executable (a checkout of the commit before a change: its .venv/bin/fhmon),
                 so that two builds' walks are interleaved in one run; `fhmon launch` is
@@ -62,6 +65,7 @@ from tests.e2e import harness, walk
 
 ARMS = ("unprivileged", "fhmon", "root")
 MODES = {"unprivileged": "never", "fhmon": "prefer", "root": "prefer"}
+REFMON_ARM = "refmon"  # an arm only when asked for: bench/refmon behind virtiofsd
 SLABS = ("dentry", "ext4_inode_cache", "filp")
 MIB = 1024 * 1024
 BEGIN = "<!-- inodes:begin -->"
@@ -191,8 +195,35 @@ def descendants(pid: int) -> list[int]:
 
 
 def served(arm: str) -> bool:
-    """The arm runs virtiofsd under fhmon: the fhmon arm, or another build's (--build)."""
+    """The arm runs virtiofsd under a monitor: fhmon, another build's (--build), refmon."""
     return arm not in ("unprivileged", "root")
+
+
+@contextlib.contextmanager
+def refmon_service(rd: harness.RunDir) -> Iterator[list[str]]:
+    """bench/refmon serving rd.share (two threads a target, as in bench.run); yields the
+    wrapper that runs virtiofsd as uid 65534 under it (this checkout's `fhmon launch`)."""
+    from bench.procs import build_refmon
+
+    binary = build_refmon()
+    if binary is None:
+        raise SystemExit("bench.inodes: the refmon arm needs bench/refmon built (cargo)")
+    sock = rd.base / "refmon.sock"
+    with open(rd.base / "refmon.log", "wb") as log:
+        proc = subprocess.Popen([str(binary), "--socket", str(sock), "--share", str(rd.share),
+                                 "--threads", "2"], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 20
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("refmon did not start: "
+                                   + (rd.base / "refmon.log").read_text(errors="replace"))
+            time.sleep(0.02)
+        yield [harness.fhmon_command(), "launch", "--socket", str(sock), "--share",
+               str(rd.share), "--user", str(harness.NOBODY), "--"]
+    finally:
+        proc.terminate()
+        proc.wait(20)
 
 
 def arm_argv(arm: str, cgroup: MemCgroup | None, fhmon_wrapper: list[str]) -> list[str]:
@@ -228,7 +259,9 @@ def run_arm(env: harness.Env, arm: str, tree_home: Path, tree: walk.Tree,
         svc = None
         fhmon_cgroup = None
         wrapper: list[str] = []
-        if served(arm):
+        if arm == REFMON_ARM:
+            wrapper = stack.enter_context(refmon_service(rd))
+        elif served(arm):
             # The cgroup first: it is removed after fhmon serve has stopped.
             fhmon_cgroup = stack.enter_context(mem_cgroup("fhmon-serve"))
             svc = stack.enter_context(harness.fhmon_service(rd, fhmon))
@@ -503,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds per N; each round runs every arm, in a rotated order")
     parser.add_argument("--arms", default=",".join(ARMS),
-                        help=f"comma-separated arms, from {', '.join(ARMS)}")
+                        help=f"comma-separated arms, from {', '.join((*ARMS, REFMON_ARM))}")
     parser.add_argument("--build", action="append", default=[], metavar="NAME=FHMON",
                         help="one more arm, NAME: the fhmon arm served by this executable")
     parser.add_argument("--per-dir", type=int, default=1000,
@@ -528,13 +561,13 @@ def main(argv: list[str] | None = None) -> int:
     builds: dict[str, str] = {}
     for text in args.build:
         name, _, path = text.partition("=")
-        if not name or name in ARMS or not os.access(path, os.X_OK):
+        if not name or name in (*ARMS, REFMON_ARM) or not os.access(path, os.X_OK):
             parser.error(f"--build {text!r}: expected NAME=PATH of an fhmon executable, "
                          f"NAME not one of {', '.join(ARMS)}")
         builds[name] = path
     arms = [a for a in args.arms.split(",") if a]
-    if set(arms) - set(ARMS) - set(builds):
-        parser.error(f"arms from {', '.join((*ARMS, *builds))}")
+    if set(arms) - set(ARMS) - set(builds) - {REFMON_ARM}:
+        parser.error(f"arms from {', '.join((*ARMS, REFMON_ARM, *builds))}")
     harness.GUEST_MEMORY = args.guest_memory
     env = harness.ensure_env()
     accel = harness.accelerator(env)
