@@ -166,4 +166,15 @@ def test_a_build_arm_needs_a_new_name_and_an_executable(build: str,
 def test_an_arm_must_be_named_or_built(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         inodes.main(["--build", "before=/bin/true", "--arms", "fhmon,after"])
-    assert "arms from unprivileged, fhmon, root, before" in capsys.readouterr().err
+    assert "arms from unprivileged, fhmon, root, refmon, before" in capsys.readouterr().err
+
+
+def test_the_refmon_arm_is_served_under_fhmon_launch_and_only_when_asked_for() -> None:
+    assert inodes.REFMON_ARM not in inodes.ARMS  # not in a default run
+    assert inodes.served(inodes.REFMON_ARM)
+    wrapper = ["fhmon", "launch", "--socket", "s", "--share", "d", "--user", "65534", "--"]
+    assert inodes.arm_argv(inodes.REFMON_ARM, None, wrapper)[-len(wrapper):] == wrapper
+    with pytest.raises(SystemExit):
+        inodes.main(["--arms", "refmon,nonesuch", "--files", "10"])
+    with pytest.raises(SystemExit):  # a --build may not take the arm's name
+        inodes.main(["--arms", "refmon", "--build", "refmon=/bin/true", "--files", "10"])
