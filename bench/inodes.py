@@ -203,27 +203,17 @@ def served(arm: str) -> bool:
 def refmon_service(rd: harness.RunDir) -> Iterator[list[str]]:
     """bench/refmon serving rd.share (two threads a target, as in bench.run); yields the
     wrapper that runs virtiofsd as uid 65534 under it (this checkout's `fhmon launch`)."""
-    from bench.procs import build_refmon
+    from bench.procs import ReferenceMonitor, build_refmon
 
     binary = build_refmon()
     if binary is None:
         raise SystemExit("bench.inodes: the refmon arm needs bench/refmon built (cargo)")
-    sock = rd.base / "refmon.sock"
-    with open(rd.base / "refmon.log", "wb") as log:
-        proc = subprocess.Popen([str(binary), "--socket", str(sock), "--share", str(rd.share),
-                                 "--threads", "2"], stdout=log, stderr=log)
+    monitor = ReferenceMonitor(rd.base, REFMON_ARM, binary, rd.share)
     try:
-        deadline = time.monotonic() + 20
-        while not sock.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("refmon did not start: "
-                                   + (rd.base / "refmon.log").read_text(errors="replace"))
-            time.sleep(0.02)
-        yield [harness.fhmon_command(), "launch", "--socket", str(sock), "--share",
+        yield [harness.fhmon_command(), "launch", "--socket", monitor.socket, "--share",
                str(rd.share), "--user", str(harness.NOBODY), "--"]
     finally:
-        proc.terminate()
-        proc.wait(20)
+        monitor.stop()
 
 
 def arm_argv(arm: str, cgroup: MemCgroup | None, fhmon_wrapper: list[str]) -> list[str]:
@@ -563,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, path = text.partition("=")
         if not name or name in (*ARMS, REFMON_ARM) or not os.access(path, os.X_OK):
             parser.error(f"--build {text!r}: expected NAME=PATH of an fhmon executable, "
-                         f"NAME not one of {', '.join(ARMS)}")
+                         f"NAME not one of {', '.join((*ARMS, REFMON_ARM))}")
         builds[name] = path
     arms = [a for a in args.arms.split(",") if a]
     if set(arms) - set(ARMS) - set(builds) - {REFMON_ARM}:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import socket
 import statistics
@@ -49,7 +48,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.procs import FHMON, Monitor, Pool, run_once
+from bench.procs import FHMON, Monitor, Pool, compile_c, run_once
 from bench.run import make_base, remove_base
 from protocol import intake_wire
 
@@ -65,14 +64,8 @@ OCI_PREFIX = OCI_HEAD + b"a" * (60_000 - len(OCI_HEAD))  # then "a" a ms, never 
 
 
 def compile_noise(dest: Path) -> Path:
-    """bench/noise.c built into dest (readable by the noise's uid)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise SystemExit("bench.intake: --generator c needs a C compiler (cc)")
-    binary = dest / "noise"
-    subprocess.run([cc, "-O2", "-o", str(binary), str(NOISE_C)], check=True)
-    binary.chmod(0o755)
-    return binary
+    """bench/noise.c built into dest (executable by the noise's uid)."""
+    return compile_c(NOISE_C, dest / "noise", "bench.intake --generator c")
 
 
 def c_noise_argv(binary: Path, kind: str, path: str, clients: int) -> list[str]:

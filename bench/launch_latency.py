@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.procs import FHMON, Monitor, loadavg
+from bench.procs import FHMON, Monitor, compile_c, loadavg
 from monitor import launcher
 
 NOBODY = 65534
@@ -92,15 +92,9 @@ spin()
 
 
 def compile_target(dest: Path) -> Path:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise SystemExit("bench.launch_latency: needs a C compiler (cc) for its target")
     source = dest / "first_call.c"
     source.write_text(TARGET_C)
-    binary = dest / "first_call"
-    subprocess.run([cc, "-O2", "-o", str(binary), str(source)], check=True)
-    binary.chmod(0o755)
-    return binary
+    return compile_c(source, dest / "first_call", "bench.launch_latency")
 
 
 def as_nobody() -> None:

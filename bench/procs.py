@@ -175,6 +175,17 @@ class Monitor:
         self.log.close()
 
 
+def compile_c(source: Path, binary: Path, who: str) -> Path:
+    """A bench's C helper program built with the machine's cc (-O2), executable by the
+    target's uid; `who` names the bench in the error when there is no compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SystemExit(f"{who}: needs a C compiler (cc)")
+    subprocess.run([cc, "-O2", "-o", str(binary), str(source)], check=True)
+    binary.chmod(0o755)
+    return binary
+
+
 REFMON = Path(__file__).resolve().parent / "refmon"
 
 
